@@ -1,0 +1,74 @@
+#pragma once
+// Backend identifiers, process-wide enable flags and the scoped sdpa_kernel guard.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sdpa {
+
+/// Attention backends; values and names are PyTorch's torch.nn.attention.SDPBackend.
+enum class SDPBackend : int {
+  ERROR = -1,
+  MATH = 0,
+  FLASH_ATTENTION = 1,
+  EFFICIENT_ATTENTION = 2,
+  CUDNN_ATTENTION = 3,
+  OVERRIDEABLE = 4,
+};
+
+/// "FLASH_ATTENTION", ...
+std::string_view backend_name(SDPBackend backend);
+/// Parses backend_name() or its lower-case form ("flash_attention", also "flash", "math",
+/// "efficient", "cudnn"); throws sdpa::Error for anything else.
+SDPBackend parse_backend(std::string_view name);
+/// Every real backend (ERROR excluded), in the default priority order.
+const std::vector<SDPBackend>& default_priority_order();
+
+/// Scoped restriction of the backends the calling thread may use (PyTorch's
+/// torch.nn.attention.sdpa_kernel). While alive, only `backends` are tried; with
+/// `set_priority` they are tried in the given order, otherwise in the default order.
+/// Guards nest (the innermost wins) and are thread-local: other threads are unaffected.
+/// Throws sdpa::Error when `backends` is empty or contains ERROR.
+class sdpa_kernel {
+ public:
+  explicit sdpa_kernel(std::vector<SDPBackend> backends, bool set_priority = false);
+  explicit sdpa_kernel(SDPBackend backend) : sdpa_kernel(std::vector<SDPBackend>{backend}) {}
+  ~sdpa_kernel();
+  sdpa_kernel(const sdpa_kernel&) = delete;
+  sdpa_kernel& operator=(const sdpa_kernel&) = delete;
+};
+
+/// Backends the calling thread may use now, in the order they are tried: the innermost
+/// sdpa_kernel guard's list if one is active, else the enabled process-wide flags.
+std::vector<SDPBackend> active_backends();
+
+/// Process-wide defaults (PyTorch's torch.backends.cuda.enable_*_sdp). They apply where no
+/// sdpa_kernel guard is active; the *_enabled() queries report the calling thread's
+/// effective state (guard first, then flag).
+namespace backends {
+void enable_math_sdp(bool enabled);
+void enable_flash_sdp(bool enabled);
+void enable_mem_efficient_sdp(bool enabled);
+void enable_cudnn_sdp(bool enabled);
+void enable_overrideable_sdp(bool enabled);
+bool math_sdp_enabled();
+bool flash_sdp_enabled();
+bool mem_efficient_sdp_enabled();
+bool cudnn_sdp_enabled();
+bool overrideable_sdp_enabled();
+
+namespace cpu {
+/// SIMD level the CPU kernels use: "AVX512", "AVX2" or "DEFAULT" (PyTorch's
+/// torch.backends.cpu.get_cpu_capability). The environment variable SDPA_CPU_CAPABILITY
+/// can lower it; set_cpu_capability overrides both (for tests and benchmarks).
+std::string get_cpu_capability();
+/// Best capability this CPU supports, ignoring overrides.
+std::string detected_cpu_capability();
+/// Forces a capability for the calling thread ("" restores the default). Throws
+/// sdpa::Error for an unknown name or one this CPU cannot run.
+void set_cpu_capability(std::string_view capability);
+}  // namespace cpu
+}  // namespace backends
+
+}  // namespace sdpa

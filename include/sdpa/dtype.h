@@ -1,0 +1,65 @@
+#pragma once
+// Element types, devices and the 16-bit float storage types.
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace sdpa {
+
+/// Element type of a Tensor. Half types are stored as 16 bits and computed in float32.
+enum class DType : uint8_t { kFloat32, kFloat64, kBFloat16, kFloat16, kBool, kInt32, kInt64 };
+
+/// Bytes per element.
+size_t element_size(DType dtype);
+/// "float32", "bfloat16", ... (PyTorch's names).
+std::string_view dtype_name(DType dtype);
+/// Parses a dtype_name(); throws sdpa::Error for unknown names.
+DType parse_dtype(std::string_view name);
+/// True for float32, float64, bfloat16 and float16.
+bool is_floating(DType dtype);
+
+/// Kind of memory a Tensor lives in. Values match DLPack's DLDeviceType.
+enum class DeviceType : int32_t { kCPU = 1, kCUDA = 2, kExternal = 12 };
+
+/// A device: type plus ordinal (DLPack's DLDevice).
+struct Device {
+  DeviceType type = DeviceType::kCPU;
+  int32_t index = 0;
+  friend bool operator==(const Device&, const Device&) = default;
+};
+/// "cpu", "cuda:0", "external:1".
+std::string device_name(Device device);
+
+/// bfloat16 storage: the upper 16 bits of an IEEE float32. Conversion from float rounds
+/// to nearest even; NaN stays NaN.
+struct bfloat16 {
+  uint16_t bits = 0;
+  bfloat16() = default;
+  explicit bfloat16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      bits = static_cast<uint16_t>((u >> 16) | 0x40u);
+    } else {
+      bits = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+  }
+  explicit operator float() const {
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+
+/// IEEE 754 binary16 storage. Conversion from float rounds to nearest even, overflows to
+/// infinity and keeps subnormals.
+struct float16 {
+  uint16_t bits = 0;
+  float16() = default;
+  explicit float16(float f);
+  explicit operator float() const;
+};
+
+}  // namespace sdpa

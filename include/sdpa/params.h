@@ -1,0 +1,79 @@
+#pragma once
+// AttentionParams: the single normalized description of one attention call. Selection
+// checks and kernels read only this struct.
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include "sdpa/generator.h"
+#include "sdpa/tensor.h"
+
+namespace sdpa {
+
+/// Where a band's diagonal sits when q_len != kv_len (cuDNN's diagonal alignment;
+/// PyTorch's CausalVariant UPPER_LEFT / LOWER_RIGHT).
+enum class DiagonalAlignment { kTopLeft, kBottomRight };
+
+/// A diagonal band of allowed (query i, key j) pairs: with d = 0 (top-left) or
+/// kv_len - q_len (bottom-right), key j takes part when
+///   i + d - left <= j <= i + d + right,
+/// an absent bound being unbounded. Causal is right = 0; a sliding window adds left = W.
+struct DiagonalBand {
+  DiagonalAlignment alignment = DiagonalAlignment::kTopLeft;
+  std::optional<int64_t> left;
+  std::optional<int64_t> right;
+};
+
+/// How a dense mask tensor acts on the scores.
+enum class DenseMaskKind { kNone, kBoolKeep, kAdditive };
+
+/// The native mask descriptor every fused kernel understands without an L x S tensor,
+/// plus the one materialized kind (a dense tensor with broadcast strides).
+struct MaskDescriptor {
+  std::optional<DiagonalBand> band;
+  DenseMaskKind dense_kind = DenseMaskKind::kNone;
+  /// [B, Hq, L, S] view (zero strides where broadcast): bool (true = take part) or
+  /// additive in the query dtype. Undefined when dense_kind == kNone.
+  Tensor dense;
+
+  bool empty() const { return !band && dense_kind == DenseMaskKind::kNone; }
+
+  /// Offset d of the band diagonal for the given lengths.
+  static int64_t diagonal_offset(const DiagonalBand& b, int64_t q_len, int64_t kv_len) {
+    return b.alignment == DiagonalAlignment::kBottomRight ? kv_len - q_len : 0;
+  }
+};
+
+/// Dropout of the attention probabilities (inverted scaling by 1 / (1 - p)).
+struct DropoutParams {
+  double p = 0.0;
+  PhiloxState philox;
+};
+
+/// Normalized attention call. Tensors are 4-D views in the caller's memory:
+///   q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], any element strides.
+struct AttentionParams {
+  Tensor q, k, v;
+  int64_t batch = 0;
+  int64_t num_heads_q = 0;
+  int64_t num_heads_kv = 0;
+  int64_t q_len = 0;
+  int64_t kv_len = 0;
+  int64_t head_dim_qk = 0;
+  int64_t head_dim_vo = 0;
+  DType dtype = DType::kFloat32;
+  Device device{};
+  /// Multiplies q.k before softmax; 1/sqrt(E) unless the caller gave one.
+  double scale = 1.0;
+  MaskDescriptor mask;
+  DropoutParams dropout;
+  bool enable_gqa = false;
+  /// The caller passed 3-D tensors (no batch dimension); outputs drop it again.
+  bool unbatched = false;
+
+  int64_t group_size() const { return num_heads_kv == 0 ? 1 : num_heads_q / num_heads_kv; }
+  bool has_dropout() const { return dropout.p > 0.0; }
+};
+
+}  // namespace sdpa

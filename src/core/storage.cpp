@@ -1,0 +1,62 @@
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "sdpa/error.h"
+#include "sdpa/tensor.h"
+
+namespace sdpa {
+namespace {
+
+std::atomic<int64_t> g_current_bytes{0};
+std::atomic<int64_t> g_peak_bytes{0};
+
+void count_allocation(int64_t nbytes) {
+  const int64_t now = g_current_bytes.fetch_add(nbytes) + nbytes;
+  int64_t peak = g_peak_bytes.load();
+  while (now > peak && !g_peak_bytes.compare_exchange_weak(peak, now)) {
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Storage> Storage::allocate(size_t nbytes) {
+  // aligned_alloc needs a size that is a multiple of the alignment.
+  const size_t padded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* data = padded == 0 ? nullptr : std::aligned_alloc(kAlignment, padded);
+  SDPA_CHECK(padded == 0 || data != nullptr, "out of memory: could not allocate ", nbytes,
+             " bytes");
+  std::shared_ptr<Storage> s(new Storage());
+  s->data_ = data;
+  s->nbytes_ = nbytes;
+  s->owned_ = true;
+  count_allocation(static_cast<int64_t>(padded));
+  return s;
+}
+
+std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Device device,
+                                       std::function<void()> release) {
+  std::shared_ptr<Storage> s(new Storage());
+  s->data_ = data;
+  s->nbytes_ = nbytes;
+  s->device_ = device;
+  s->release_ = std::move(release);
+  return s;
+}
+
+Storage::~Storage() {
+  if (owned_) {
+    std::free(data_);
+    const int64_t padded =
+        static_cast<int64_t>((nbytes_ + kAlignment - 1) / kAlignment * kAlignment);
+    g_current_bytes.fetch_sub(padded);
+  } else if (release_) {
+    release_();
+  }
+}
+
+MemoryStats memory_stats() { return {g_current_bytes.load(), g_peak_bytes.load()}; }
+
+void reset_peak_memory() { g_peak_bytes.store(g_current_bytes.load()); }
+
+}  // namespace sdpa

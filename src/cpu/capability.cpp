@@ -1,0 +1,82 @@
+#include "cpu/capability.h"
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "hwy/targets.h"
+#include "sdpa/backend.h"
+#include "sdpa/error.h"
+
+namespace sdpa::cpu {
+namespace {
+
+thread_local std::optional<Capability> t_override;
+
+std::optional<Capability> parse(std::string_view name) {
+  if (name == "AVX512") return Capability::kAVX512;
+  if (name == "AVX2") return Capability::kAVX2;
+  if (name == "DEFAULT") return Capability::kDefault;
+  return std::nullopt;
+}
+
+Capability from_environment() {
+  const Capability best = detected_capability();
+  const char* env = std::getenv("SDPA_CPU_CAPABILITY");
+  if (env == nullptr || *env == '\0') return best;
+  const std::optional<Capability> wanted = parse(env);
+  // Like PyTorch's ATEN_CPU_CAPABILITY: an unknown or unattainable value is ignored.
+  if (!wanted || *wanted > best) return best;
+  return *wanted;
+}
+
+}  // namespace
+
+std::string_view capability_name(Capability c) {
+  switch (c) {
+    case Capability::kAVX512: return "AVX512";
+    case Capability::kAVX2: return "AVX2";
+    case Capability::kDefault: return "DEFAULT";
+  }
+  return "DEFAULT";
+}
+
+Capability detected_capability() {
+  const int64_t targets = hwy::SupportedTargets();
+  if (targets & HWY_AVX3) return Capability::kAVX512;
+  if (targets & HWY_AVX2) return Capability::kAVX2;
+  return Capability::kDefault;
+}
+
+Capability active_capability() {
+  if (t_override) return *t_override;
+  static const Capability from_env = from_environment();
+  return from_env;
+}
+
+}  // namespace sdpa::cpu
+
+namespace sdpa::backends::cpu {
+
+std::string get_cpu_capability() {
+  return std::string(sdpa::cpu::capability_name(sdpa::cpu::active_capability()));
+}
+
+std::string detected_cpu_capability() {
+  return std::string(sdpa::cpu::capability_name(sdpa::cpu::detected_capability()));
+}
+
+void set_cpu_capability(std::string_view capability) {
+  if (capability.empty()) {
+    sdpa::cpu::t_override.reset();
+    return;
+  }
+  const auto wanted = sdpa::cpu::parse(capability);
+  SDPA_CHECK(wanted.has_value(), "capability: expected AVX512, AVX2, DEFAULT or \"\", got '",
+             capability, "'");
+  SDPA_CHECK(*wanted <= sdpa::cpu::detected_capability(), "capability: ", capability,
+             " is not supported by this CPU (best: ", detected_cpu_capability(), ")");
+  sdpa::cpu::t_override = *wanted;
+}
+
+}  // namespace sdpa::backends::cpu

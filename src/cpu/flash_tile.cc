@@ -1,0 +1,163 @@
+// Per-target body of the CPU flash forward: for one (batch, head, q-block), stream the
+// key/value tiles with the online softmax of FlashAttention-2 (Dao, 2023). Compiled for
+// AVX-512, AVX2 and the portable baseline by Highway's foreach_target.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/flash_tile.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cpu/flash_tile.h"
+#include "cpu/gemm-inl.h"
+#include "cpu/mask_rows.h"
+#include "cpu/philox.h"
+#include "cpu/rows.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Online-softmax update of one score row (Milakov & Gimelshein 2018; FlashAttention-2):
+// turns scores into unnormalized probabilities relative to the new running max, rescales
+// the running sum and returns the factor the output accumulator must be scaled by.
+// Returns 1 and leaves the row all zero when the row has no finite score yet.
+HWY_INLINE float SoftmaxRowUpdate(float* HWY_RESTRICT s, float& row_max, float& row_sum) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  auto vmax = hn::Set(d, kNegInf);
+  for (int64_t j = 0; j < kBlockKv; j += lanes) vmax = hn::Max(vmax, hn::LoadU(d, s + j));
+  const float tile_max = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  const float new_max = std::max(row_max, tile_max);
+  if (new_max == kNegInf) {
+    std::fill(s, s + kBlockKv, 0.0f);
+    return 1.0f;
+  }
+  const float alpha = row_max == kNegInf ? 0.0f : std::exp(row_max - new_max);
+  const auto vnew_max = hn::Set(d, new_max);
+  auto vsum = hn::Zero(d);
+  for (int64_t j = 0; j < kBlockKv; j += lanes) {
+    // Exp returns 0 below -104, so -inf scores become exactly 0.
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, s + j), vnew_max));
+    hn::StoreU(e, d, s + j);
+    vsum = hn::Add(vsum, e);
+  }
+  row_sum = row_sum * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
+  row_max = new_max;
+  return alpha;
+}
+
+HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
+  const hn::ScalableTag<float> d;
+  const auto f = hn::Set(d, factor);
+  for (int64_t j = 0; j < n; j += hn::Lanes(d)) hn::StoreU(hn::Mul(hn::LoadU(d, row + j), f), d, row + j);
+}
+
+}  // namespace
+
+void FlashQBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t q_begin,
+                 FlashScratch& ws, const Tensor& out, const Tensor& lse) {
+  const int64_t L = p.q_len, S = p.kv_len, E = p.head_dim_qk;
+  const int64_t ev_pad = ws.head_dim_vo_padded;
+  const int64_t rows = std::min(kBlockQ, L - q_begin);
+  const int64_t hk = h / p.group_size();
+  const RowView q_rows(p.q, b, h), k_rows(p.k, b, hk), v_rows(p.v, b, hk);
+  const DenseMaskRows dense(p.mask, b, h);
+  const float scale = static_cast<float>(p.scale);
+
+  for (int64_t r = 0; r < rows; ++r) q_rows.load(q_begin + r, ws.q + r * E, scale);
+  std::fill(ws.acc, ws.acc + rows * ev_pad, 0.0f);
+  std::fill(ws.row_max, ws.row_max + rows, kNegInf);
+  std::fill(ws.row_sum, ws.row_sum + rows, 0.0f);
+
+  // Key tiles outside every row's band are never visited.
+  const ColumnRange span = band_columns_for_rows(p.mask, q_begin, q_begin + rows, L, S);
+  const int64_t first_tile = span.empty() ? 0 : span.begin / kBlockKv * kBlockKv;
+  const int64_t end = span.empty() ? 0 : span.end;
+  for (int64_t j0 = first_tile; j0 < end; j0 += kBlockKv) {
+    const int64_t cols = std::min(kBlockKv, S - j0);
+    // Pack k transposed ([E, kBlockKv]) and v ([cols, Ev_pad]) as float32.
+    for (int64_t c = 0; c < cols; ++c) {
+      k_rows.load(j0 + c, ws.row);
+      for (int64_t e = 0; e < E; ++e) ws.k_t[e * kBlockKv + c] = ws.row[e];
+      float* v_row = ws.v + c * ev_pad;
+      v_rows.load(j0 + c, v_row);
+      std::fill(v_row + p.head_dim_vo, v_row + ev_pad, 0.0f);
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      std::fill(ws.k_t + e * kBlockKv + cols, ws.k_t + (e + 1) * kBlockKv, 0.0f);
+    }
+
+    Gemm(rows, kBlockKv, E, ws.q, E, ws.k_t, kBlockKv, ws.scores, kBlockKv, false);
+
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = q_begin + r;
+      float* s = ws.scores + r * kBlockKv;
+      const ColumnRange keep = band_columns(p.mask, i, L, S);
+      const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
+      const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
+      std::fill(s, s + lo, kNegInf);
+      std::fill(s + hi, s + kBlockKv, kNegInf);
+      dense.apply(i, j0 + lo, hi - lo, s + lo);
+      const float alpha = SoftmaxRowUpdate(s, ws.row_max[r], ws.row_sum[r]);
+      if (alpha != 1.0f) ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha);
+      if (p.has_dropout()) {
+        const int64_t element = ((b * p.num_heads_q + h) * L + i) * S + j0;
+        DropoutStream(p.dropout.philox, p.dropout.p).apply(static_cast<uint64_t>(element), s, cols);
+      }
+    }
+
+    Gemm(rows, ev_pad, cols, ws.scores, kBlockKv, ws.v, ev_pad, ws.acc, ev_pad, true);
+  }
+
+  const RowView out_rows(out, b, h);
+  float* lse_row = lse.data<float>() + (b * p.num_heads_q + h) * L + q_begin;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float sum = ws.row_sum[r];
+    float* acc = ws.acc + r * ev_pad;
+    if (sum > 0.0f) {
+      ScaleRow(acc, ev_pad, 1.0f / sum);
+      lse_row[r] = ws.row_max[r] + std::log(sum);
+    } else {  // fully masked row
+      std::fill(acc, acc + ev_pad, 0.0f);
+      lse_row[r] = kNegInf;
+    }
+    out_rows.store(q_begin + r, acc);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace sdpa::cpu {
+
+FlashQBlockFn flash_q_block_for(Capability capability) {
+  switch (capability) {
+#if HWY_TARGETS & HWY_AVX3
+    case Capability::kAVX512: return &N_AVX3::FlashQBlock;
+#endif
+#if HWY_TARGETS & HWY_AVX2
+    case Capability::kAVX2: return &N_AVX2::FlashQBlock;
+#endif
+    default: break;
+  }
+#if HWY_TARGETS & HWY_EMU128
+  return &N_EMU128::FlashQBlock;
+#else
+  return &N_SCALAR::FlashQBlock;
+#endif
+}
+
+}  // namespace sdpa::cpu
+#endif  // HWY_ONCE

@@ -1,0 +1,53 @@
+#pragma once
+// The per-query-block body of the CPU flash forward, compiled once per SIMD target
+// (flash_tile.cc), and the scratch memory one thread reuses across blocks.
+
+#include <cstdint>
+
+#include "cpu/capability.h"
+#include "sdpa/params.h"
+
+namespace sdpa::cpu {
+
+/// Tile sizes. kBlockKv is a multiple of every target's float lane count (16 on AVX-512)
+/// so score rows need no remainder handling; 64 x 64 float tiles of q, k, v, scores and
+/// the output accumulator (~80 KB at head_dim 64) stay in L2.
+inline constexpr int64_t kBlockQ = 64;
+inline constexpr int64_t kBlockKv = 64;
+inline constexpr int64_t kMaxLanes = 16;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/// One thread's float32 working set, 64-byte aligned:
+///   q [kBlockQ, E] (pre-scaled), k_t [E, kBlockKv], v [kBlockKv, Ev_pad],
+///   scores [kBlockQ, kBlockKv], acc [kBlockQ, Ev_pad], row_max / row_sum [kBlockQ],
+///   row [max(E, Ev)] (one converted input row).
+struct FlashScratch {
+  FlashScratch(int64_t head_dim_qk, int64_t head_dim_vo);
+  ~FlashScratch();
+  FlashScratch(const FlashScratch&) = delete;
+  FlashScratch& operator=(const FlashScratch&) = delete;
+
+  int64_t head_dim_vo_padded;
+  float* q;
+  float* k_t;
+  float* v;
+  float* scores;
+  float* acc;
+  float* row_max;
+  float* row_sum;
+  float* row;
+
+ private:
+  Tensor buffer_;
+};
+
+/// Computes rows [q_begin, q_begin + kBlockQ) of out / lse for one (batch, head).
+using FlashQBlockFn = void (*)(const AttentionParams& params, int64_t b, int64_t h,
+                               int64_t q_begin, FlashScratch& scratch, const Tensor& out,
+                               const Tensor& lse);
+
+/// The q-block function compiled for `capability`.
+FlashQBlockFn flash_q_block_for(Capability capability);
+
+}  // namespace sdpa::cpu

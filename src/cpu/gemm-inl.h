@@ -1,0 +1,93 @@
+// Register-blocked float32 GEMM for attention tiles: C[M, N] (+)= A[M, K] . B[K, N], all
+// row-major, N a multiple of the vector width. Serves both q.k^T (B = packed k^T) and
+// P.v (B = packed v). Per-target code: include after foreach_target.h.
+
+#if defined(SDPA_CPU_GEMM_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SDPA_CPU_GEMM_INL_H_
+#undef SDPA_CPU_GEMM_INL_H_
+#else
+#define SDPA_CPU_GEMM_INL_H_
+#endif
+
+#include <cstdint>
+
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Micro-tile shape per target: accumulators + one B row + one broadcast A value must fit
+// the register file (32 zmm on AVX-512: 6 x 4 = 24 accumulators; 16 ymm on AVX2: 6 x 2).
+#if HWY_TARGET <= HWY_AVX3
+inline constexpr int64_t kGemmRows = 6;
+inline constexpr int64_t kGemmVecs = 4;
+#elif HWY_TARGET == HWY_AVX2
+inline constexpr int64_t kGemmRows = 6;
+inline constexpr int64_t kGemmVecs = 2;
+#else
+inline constexpr int64_t kGemmRows = 4;
+inline constexpr int64_t kGemmVecs = 2;
+#endif
+
+template <int64_t kRows, int64_t kVecs>
+HWY_INLINE void GemmMicroTile(const float* HWY_RESTRICT a, int64_t lda,
+                              const float* HWY_RESTRICT b, int64_t ldb, float* HWY_RESTRICT c,
+                              int64_t ldc, int64_t depth, bool accumulate) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  V acc[kRows][kVecs];
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t v = 0; v < kVecs; ++v) {
+      acc[r][v] = accumulate ? hn::LoadU(d, c + r * ldc + v * lanes) : hn::Zero(d);
+    }
+  }
+  for (int64_t k = 0; k < depth; ++k) {
+    V bv[kVecs];
+    for (int64_t v = 0; v < kVecs; ++v) bv[v] = hn::LoadU(d, b + k * ldb + v * lanes);
+    for (int64_t r = 0; r < kRows; ++r) {
+      const V av = hn::Set(d, a[r * lda + k]);
+      for (int64_t v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+    }
+  }
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t v = 0; v < kVecs; ++v) hn::StoreU(acc[r][v], d, c + r * ldc + v * lanes);
+  }
+}
+
+// All row blocks of one column panel of kVecs vectors.
+template <int64_t kVecs>
+HWY_INLINE void GemmPanel(int64_t m, const float* a, int64_t lda, const float* b, int64_t ldb,
+                          float* c, int64_t ldc, int64_t depth, bool accumulate) {
+  int64_t r = 0;
+  for (; r + kGemmRows <= m; r += kGemmRows) {
+    GemmMicroTile<kGemmRows, kVecs>(a + r * lda, lda, b, ldb, c + r * ldc, ldc, depth,
+                                    accumulate);
+  }
+  for (; r < m; ++r) {  // remaining rows one at a time
+    GemmMicroTile<1, kVecs>(a + r * lda, lda, b, ldb, c + r * ldc, ldc, depth, accumulate);
+  }
+}
+
+/// C[m, n] = A[m, depth] . B[depth, n] (+ C when accumulate); n % Lanes == 0.
+HWY_INLINE void Gemm(int64_t m, int64_t n, int64_t depth, const float* a, int64_t lda,
+                     const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t vecs = n / lanes;
+  int64_t v = 0;
+  for (; v + kGemmVecs <= vecs; v += kGemmVecs) {
+    GemmPanel<kGemmVecs>(m, a, lda, b + v * lanes, ldb, c + v * lanes, ldc, depth, accumulate);
+  }
+  for (; v < vecs; ++v) {  // remaining vectors one at a time
+    GemmPanel<1>(m, a, lda, b + v * lanes, ldb, c + v * lanes, ldc, depth, accumulate);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::cpu
+HWY_AFTER_NAMESPACE();
+
+#endif  // SDPA_CPU_GEMM_INL_H_

@@ -1,0 +1,19 @@
+#pragma once
+// CPU attention kernels. Each writes out [B, Hq, L, Ev] (contiguous, params.dtype) and
+// lse [B, Hq, L] (contiguous float32) completely.
+
+#include "sdpa/params.h"
+
+namespace sdpa::cpu {
+
+/// MATH: materializes the [L, S] scores per (batch, head); accumulates in float64 for
+/// float64 inputs and in float32 otherwise. The reference every other backend is
+/// checked against.
+void math_forward(const AttentionParams& params, const Tensor& out, const Tensor& lse);
+
+/// FLASH_ATTENTION on CPU: tiled online softmax (Dao et al., FlashAttention-2, 2023) that
+/// never materializes L x S; SIMD level from get_cpu_capability(), OpenMP across
+/// (batch, head, q-block). float32/bfloat16/float16 inputs, float32 compute.
+void flash_forward(const AttentionParams& params, const Tensor& out, const Tensor& lse);
+
+}  // namespace sdpa::cpu

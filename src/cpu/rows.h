@@ -1,0 +1,86 @@
+#pragma once
+// Strided row access to [B, H, N, D] tensors in any floating dtype, converting to and from
+// the compute type. The dtype switch sits outside the element loop.
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "sdpa/tensor.h"
+
+namespace sdpa::cpu {
+
+inline float widen(float x) { return x; }
+inline double widen(double x) { return x; }
+inline float widen(bfloat16 x) { return static_cast<float>(x); }
+inline float widen(float16 x) { return static_cast<float>(x); }
+
+/// Converts a compute value to storage type S (round to nearest even for half types).
+template <typename S, typename T>
+S narrow(T x) {
+  if constexpr (std::is_same_v<S, bfloat16> || std::is_same_v<S, float16>) {
+    return S(static_cast<float>(x));
+  } else {
+    return static_cast<S>(x);
+  }
+}
+
+/// Rows of one (batch, head) slice of a 4-D tensor.
+class RowView {
+ public:
+  RowView(const Tensor& t, int64_t b, int64_t h)
+      : base_(static_cast<char*>(t.data_ptr()) +
+              (b * t.stride(0) + h * t.stride(1)) * static_cast<int64_t>(element_size(t.dtype()))),
+        dtype_(t.dtype()),
+        stride_row_(t.stride(2)),
+        stride_col_(t.stride(3)),
+        cols_(t.size(3)) {}
+
+  int64_t cols() const { return cols_; }
+
+  /// dst[c] = row[r][c] * multiplier for c < cols().
+  template <typename T>
+  void load(int64_t r, T* dst, T multiplier = T(1)) const {
+    switch (dtype_) {
+      case DType::kFloat32: return load_as<float>(r, dst, multiplier);
+      case DType::kFloat64: return load_as<double>(r, dst, multiplier);
+      case DType::kBFloat16: return load_as<bfloat16>(r, dst, multiplier);
+      case DType::kFloat16: return load_as<float16>(r, dst, multiplier);
+      default: return;
+    }
+  }
+
+  /// row[r][c] = src[c] (rounded to the tensor dtype) for c < cols().
+  template <typename T>
+  void store(int64_t r, const T* src) const {
+    switch (dtype_) {
+      case DType::kFloat32: return store_as<float>(r, src);
+      case DType::kFloat64: return store_as<double>(r, src);
+      case DType::kBFloat16: return store_as<bfloat16>(r, src);
+      case DType::kFloat16: return store_as<float16>(r, src);
+      default: return;
+    }
+  }
+
+ private:
+  template <typename S, typename T>
+  void load_as(int64_t r, T* dst, T multiplier) const {
+    const S* row = reinterpret_cast<const S*>(base_) + r * stride_row_;
+    for (int64_t c = 0; c < cols_; ++c) {
+      dst[c] = static_cast<T>(widen(row[c * stride_col_])) * multiplier;
+    }
+  }
+  template <typename S, typename T>
+  void store_as(int64_t r, const T* src) const {
+    S* row = reinterpret_cast<S*>(base_) + r * stride_row_;
+    for (int64_t c = 0; c < cols_; ++c) row[c * stride_col_] = narrow<S>(src[c]);
+  }
+
+  char* base_;
+  DType dtype_;
+  int64_t stride_row_;
+  int64_t stride_col_;
+  int64_t cols_;
+};
+
+}  // namespace sdpa::cpu

@@ -1,0 +1,124 @@
+// Validation of user inputs and their normalization into AttentionParams.
+
+#include <cmath>
+
+#include "sdpa/sdpa.h"
+
+namespace sdpa {
+namespace {
+
+// Checks `mask` can broadcast to [B, Hq, L, S] (right-aligned, PyTorch rules) and returns
+// the 4-D broadcast view.
+Tensor broadcast_mask(const Tensor& mask, const Shape& target, bool unbatched) {
+  const Shape want = unbatched ? Shape(target.begin() + 1, target.end()) : target;
+  bool ok = mask.dim() <= static_cast<int64_t>(want.size());
+  for (int64_t i = 0; ok && i < mask.dim(); ++i) {
+    const int64_t have = mask.size(mask.dim() - 1 - i);
+    const int64_t need = want[want.size() - 1 - i];
+    ok = have == need || have == 1;
+  }
+  SDPA_CHECK(ok, "attn_mask: expected a shape broadcastable to ", shape_str(want), ", got ",
+             shape_str(mask.sizes()));
+  Tensor view = mask.expand(want);
+  return unbatched ? view.unsqueeze(0) : view;
+}
+
+void check_same(const char* what, const char* a_name, int64_t a, const char* b_name, int64_t b,
+                const Tensor& t_a, const Tensor& t_b) {
+  SDPA_CHECK(a == b, what, ": expected ", b_name, " to match ", a_name, " (", a, "), got ", b,
+             " (", a_name, " ", t_a.describe(), ", ", b_name, " ", t_b.describe(), ")");
+}
+
+}  // namespace
+
+AttentionParams make_params(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                            const SDPAOptions& opt) {
+  SDPA_CHECK(q_in.defined(), "query: expected a tensor, got an undefined one");
+  SDPA_CHECK(k_in.defined(), "key: expected a tensor, got an undefined one");
+  SDPA_CHECK(v_in.defined(), "value: expected a tensor, got an undefined one");
+  const int64_t rank = q_in.dim();
+  SDPA_CHECK(rank == 3 || rank == 4, "query: expected a 3-D [Hq, L, E] or 4-D [B, Hq, L, E] "
+             "tensor, got ", rank, "-D ", shape_str(q_in.sizes()));
+  SDPA_CHECK(k_in.dim() == rank, "key: expected ", rank, "-D like query, got ", k_in.dim(),
+             "-D ", shape_str(k_in.sizes()));
+  SDPA_CHECK(v_in.dim() == rank, "value: expected ", rank, "-D like query, got ", v_in.dim(),
+             "-D ", shape_str(v_in.sizes()));
+  SDPA_CHECK(is_floating(q_in.dtype()), "query: expected dtype float32, float64, bfloat16 or "
+             "float16, got ", dtype_name(q_in.dtype()));
+  SDPA_CHECK(k_in.dtype() == q_in.dtype(), "key: expected dtype ", dtype_name(q_in.dtype()),
+             " (the query dtype), got ", dtype_name(k_in.dtype()));
+  SDPA_CHECK(v_in.dtype() == q_in.dtype(), "value: expected dtype ", dtype_name(q_in.dtype()),
+             " (the query dtype), got ", dtype_name(v_in.dtype()));
+  SDPA_CHECK(k_in.device() == q_in.device(), "key: expected device ",
+             device_name(q_in.device()), " (the query device), got ", device_name(k_in.device()));
+  SDPA_CHECK(v_in.device() == q_in.device(), "value: expected device ",
+             device_name(q_in.device()), " (the query device), got ", device_name(v_in.device()));
+
+  AttentionParams p;
+  p.unbatched = rank == 3;
+  p.q = p.unbatched ? q_in.unsqueeze(0) : q_in;
+  p.k = p.unbatched ? k_in.unsqueeze(0) : k_in;
+  p.v = p.unbatched ? v_in.unsqueeze(0) : v_in;
+  p.batch = p.q.size(0);
+  p.num_heads_q = p.q.size(1);
+  p.num_heads_kv = p.k.size(1);
+  p.q_len = p.q.size(2);
+  p.kv_len = p.k.size(2);
+  p.head_dim_qk = p.q.size(3);
+  p.head_dim_vo = p.v.size(3);
+  p.dtype = q_in.dtype();
+  p.device = q_in.device();
+  p.enable_gqa = opt.enable_gqa;
+
+  check_same("key", "query batch", p.batch, "key batch", p.k.size(0), q_in, k_in);
+  check_same("value", "query batch", p.batch, "value batch", p.v.size(0), q_in, v_in);
+  check_same("value", "key heads", p.num_heads_kv, "value heads", p.v.size(1), k_in, v_in);
+  check_same("value", "key length S", p.kv_len, "value length S", p.v.size(2), k_in, v_in);
+  check_same("key", "query head_dim E", p.head_dim_qk, "key head_dim E", p.k.size(3), q_in, k_in);
+  SDPA_CHECK(p.head_dim_qk >= 1, "query: expected head_dim E >= 1, got ", p.head_dim_qk);
+  if (opt.enable_gqa) {
+    SDPA_CHECK(p.num_heads_kv >= 1 && p.num_heads_q % p.num_heads_kv == 0,
+               "key: with enable_gqa, query heads Hq (", p.num_heads_q,
+               ") must be a multiple of key/value heads Hkv, got Hkv = ", p.num_heads_kv);
+  } else {
+    SDPA_CHECK(p.num_heads_q == p.num_heads_kv, "key: expected ", p.num_heads_q,
+               " heads like query (pass enable_gqa for grouped-query attention), got ",
+               p.num_heads_kv);
+  }
+  // Kernels index [B, H, L, S] score/dropout elements linearly: that count must fit.
+  checked_numel({p.batch, p.num_heads_q, p.q_len, p.kv_len});
+  checked_numel({p.batch, p.num_heads_q, p.q_len, p.head_dim_vo});
+
+  SDPA_CHECK(opt.dropout_p >= 0.0 && opt.dropout_p < 1.0,
+             "dropout_p: expected a probability in [0, 1), got ", opt.dropout_p);
+  if (opt.scale) {
+    SDPA_CHECK(std::isfinite(*opt.scale), "scale: expected a finite number, got ", *opt.scale);
+    p.scale = *opt.scale;
+  } else {
+    p.scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim_qk));
+  }
+
+  if (opt.attn_mask.defined()) {
+    SDPA_CHECK(!opt.is_causal, "attn_mask: expected no mask when is_causal is set (as PyTorch), "
+               "got ", opt.attn_mask.describe());
+    const Tensor& m = opt.attn_mask;
+    SDPA_CHECK(m.device() == p.device, "attn_mask: expected device ", device_name(p.device),
+               ", got ", device_name(m.device()));
+    SDPA_CHECK(m.dtype() == DType::kBool || m.dtype() == p.dtype,
+               "attn_mask: expected dtype bool or ", dtype_name(p.dtype),
+               " (the query dtype), got ", dtype_name(m.dtype()));
+    p.mask.dense = broadcast_mask(m, {p.batch, p.num_heads_q, p.q_len, p.kv_len}, p.unbatched);
+    p.mask.dense_kind =
+        m.dtype() == DType::kBool ? DenseMaskKind::kBoolKeep : DenseMaskKind::kAdditive;
+  }
+  if (opt.is_causal) p.mask.band = DiagonalBand{DiagonalAlignment::kTopLeft, std::nullopt, 0};
+
+  if (opt.dropout_p > 0.0) {
+    p.dropout.p = opt.dropout_p;
+    Generator& gen = opt.generator ? *opt.generator : default_generator();
+    p.dropout.philox = gen.next();
+  }
+  return p;
+}
+
+}  // namespace sdpa

@@ -1,0 +1,87 @@
+// Backend selection: the first allowed backend, in priority order, whose checks pass.
+
+#include <algorithm>
+#include <sstream>
+
+#include "dispatch/backend_impl.h"
+
+namespace sdpa {
+namespace {
+
+bool is_allowed(SDPBackend backend, const std::vector<SDPBackend>& active) {
+  return std::find(active.begin(), active.end(), backend) != active.end();
+}
+
+std::string call_summary(const AttentionParams& p) {
+  std::ostringstream os;
+  os << "q [" << p.batch << ", " << p.num_heads_q << ", " << p.q_len << ", " << p.head_dim_qk
+     << "], k/v [" << p.batch << ", " << p.num_heads_kv << ", " << p.kv_len << ", "
+     << p.head_dim_qk << "/" << p.head_dim_vo << "] " << dtype_name(p.dtype) << " on "
+     << device_name(p.device);
+  return os.str();
+}
+
+}  // namespace
+
+bool can_use(SDPBackend backend, const AttentionParams& params, Reasons* reasons) {
+  Reasons quiet{false, {}};
+  Reasons& r = reasons ? *reasons : quiet;
+  if (backend == SDPBackend::ERROR) {
+    r.add("ERROR is not a backend");
+    return false;
+  }
+  bool ok = true;
+  if (!is_allowed(backend, active_backends())) {
+    r.add("disabled (not allowed by the active sdpa_kernel guard or enable flags)");
+    ok = false;
+    if (!r.collect) return false;
+  }
+  return detail::run_checks(detail::backend_impl(backend), params, r) && ok;
+}
+
+Explanation explain(const AttentionParams& params) {
+  Explanation e;
+  const std::vector<SDPBackend> active = active_backends();
+  // Allowed backends first, in the order they would be tried, then the rest.
+  std::vector<SDPBackend> order = active;
+  for (SDPBackend b : default_priority_order()) {
+    if (!is_allowed(b, order)) order.push_back(b);
+  }
+  for (SDPBackend b : order) {
+    BackendVerdict v{b, is_allowed(b, active), false, {}};
+    Reasons r;
+    if (!v.allowed) r.add("disabled (not allowed by the active sdpa_kernel guard or enable flags)");
+    v.supported = detail::run_checks(detail::backend_impl(b), params, r);
+    v.reasons = std::move(r.items);
+    if (e.chosen == SDPBackend::ERROR && v.allowed && v.supported) e.chosen = b;
+    e.verdicts.push_back(std::move(v));
+  }
+  return e;
+}
+
+std::string Explanation::to_string() const {
+  std::ostringstream os;
+  os << "chosen: " << backend_name(chosen) << '\n';
+  for (const BackendVerdict& v : verdicts) {
+    os << backend_name(v.backend);
+    if (v.allowed && v.supported) {
+      os << (v.backend == chosen ? ": supported (chosen)" : ": supported") << '\n';
+      continue;
+    }
+    os << " is not supported because:";
+    for (const std::string& reason : v.reasons) os << "\n  - " << reason;
+    os << '\n';
+  }
+  return os.str();
+}
+
+SDPBackend select_backend(const AttentionParams& params) {
+  Reasons quiet{false, {}};
+  for (SDPBackend b : active_backends()) {
+    if (detail::run_checks(detail::backend_impl(b), params, quiet)) return b;
+  }
+  throw Error("scaled_dot_product_attention: no backend can run " + call_summary(params) +
+              "\n" + explain(params).to_string());
+}
+
+}  // namespace sdpa
