@@ -12,9 +12,8 @@
 
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
-#include "cpu/mask_rows.h"
 #include "cpu/philox.h"
-#include "cpu/rows.h"
+#include "cpu/tile_ops-inl.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
@@ -24,8 +23,6 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 namespace {
-
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Online-softmax update of one score row (Milakov & Gimelshein 2018; FlashAttention-2):
 // turns scores into unnormalized probabilities relative to the new running max, rescales
@@ -56,12 +53,6 @@ HWY_INLINE float SoftmaxRowUpdate(float* HWY_RESTRICT s, float& row_max, float& 
   return alpha;
 }
 
-HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
-  const hn::ScalableTag<float> d;
-  const auto f = hn::Set(d, factor);
-  for (int64_t j = 0; j < n; j += hn::Lanes(d)) hn::StoreU(hn::Mul(hn::LoadU(d, row + j), f), d, row + j);
-}
-
 }  // namespace
 
 void FlashQBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t q_begin,
@@ -74,40 +65,24 @@ void FlashQBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t q_begin
   const DenseMaskRows dense(p.mask, b, h);
   const float scale = static_cast<float>(p.scale);
 
-  for (int64_t r = 0; r < rows; ++r) q_rows.load(q_begin + r, ws.q + r * E, scale);
+  PackRows(q_rows, q_begin, rows, E, E, ws.q, scale);
   std::fill(ws.acc, ws.acc + rows * ev_pad, 0.0f);
   std::fill(ws.row_max, ws.row_max + rows, kNegInf);
   std::fill(ws.row_sum, ws.row_sum + rows, 0.0f);
 
   // Key tiles outside every row's band are never visited.
-  const ColumnRange span = band_columns_for_rows(p.mask, q_begin, q_begin + rows, L, S);
-  const int64_t first_tile = span.empty() ? 0 : span.begin / kBlockKv * kBlockKv;
-  const int64_t end = span.empty() ? 0 : span.end;
-  for (int64_t j0 = first_tile; j0 < end; j0 += kBlockKv) {
+  const KvTileRange tiles = VisibleKvTiles(p, q_begin, q_begin + rows);
+  for (int64_t j0 = tiles.first; j0 < tiles.end; j0 += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, S - j0);
-    // Pack k transposed ([E, kBlockKv]) and v ([cols, Ev_pad]) as float32.
-    for (int64_t c = 0; c < cols; ++c) {
-      k_rows.load(j0 + c, ws.row);
-      for (int64_t e = 0; e < E; ++e) ws.k_t[e * kBlockKv + c] = ws.row[e];
-      float* v_row = ws.v + c * ev_pad;
-      v_rows.load(j0 + c, v_row);
-      std::fill(v_row + p.head_dim_vo, v_row + ev_pad, 0.0f);
-    }
-    for (int64_t e = 0; e < E; ++e) {
-      std::fill(ws.k_t + e * kBlockKv + cols, ws.k_t + (e + 1) * kBlockKv, 0.0f);
-    }
+    PackTransposed(k_rows, j0, cols, E, ws.k_t, ws.row);
+    PackRows(v_rows, j0, cols, p.head_dim_vo, ev_pad, ws.v);
 
     Gemm(rows, kBlockKv, E, ws.q, E, ws.k_t, kBlockKv, ws.scores, kBlockKv, false);
 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = q_begin + r;
       float* s = ws.scores + r * kBlockKv;
-      const ColumnRange keep = band_columns(p.mask, i, L, S);
-      const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
-      const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
-      std::fill(s, s + lo, kNegInf);
-      std::fill(s + hi, s + kBlockKv, kNegInf);
-      dense.apply(i, j0 + lo, hi - lo, s + lo);
+      MaskScoreRow(p, dense, i, j0, cols, s);
       const float alpha = SoftmaxRowUpdate(s, ws.row_max[r], ws.row_sum[r]);
       if (alpha != 1.0f) ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha);
       if (p.has_dropout()) {

@@ -1,0 +1,89 @@
+// Tile packing and masking shared by the CPU flash forward and backward. Per-target
+// code: include after foreach_target.h.
+
+#if defined(SDPA_CPU_TILE_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SDPA_CPU_TILE_OPS_INL_H_
+#undef SDPA_CPU_TILE_OPS_INL_H_
+#else
+#define SDPA_CPU_TILE_OPS_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "cpu/flash_tile.h"
+#include "cpu/mask_rows.h"
+#include "cpu/rows.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+/// dst[c * ld + e] = rows[first + c][e] * multiplier for c < count, e < dim; columns
+/// [dim, ld) are zeroed so padded GEMM lanes read zeros.
+HWY_INLINE void PackRows(const RowView& rows, int64_t first, int64_t count, int64_t dim,
+                         int64_t ld, float* HWY_RESTRICT dst, float multiplier = 1.0f) {
+  for (int64_t c = 0; c < count; ++c) {
+    float* row = dst + c * ld;
+    rows.load(first + c, row, multiplier);
+    std::fill(row + dim, row + ld, 0.0f);
+  }
+}
+
+/// Transposed pack of a key-like tile: dst[e * kBlockKv + c] = rows[first + c][e] for
+/// c < count, zero for count <= c < kBlockKv. `row_tmp` holds one converted row.
+HWY_INLINE void PackTransposed(const RowView& rows, int64_t first, int64_t count, int64_t dim,
+                               float* HWY_RESTRICT dst, float* HWY_RESTRICT row_tmp) {
+  for (int64_t c = 0; c < count; ++c) {
+    rows.load(first + c, row_tmp);
+    for (int64_t e = 0; e < dim; ++e) dst[e * kBlockKv + c] = row_tmp[e];
+  }
+  for (int64_t e = 0; e < dim; ++e) {
+    std::fill(dst + e * kBlockKv + count, dst + (e + 1) * kBlockKv, 0.0f);
+  }
+}
+
+/// Masks score row s[0, kBlockKv) = columns [j0, j0 + kBlockKv) of query row i: columns
+/// outside the band or past kv_len become -inf, then the dense mask applies.
+HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dense, int64_t i,
+                             int64_t j0, int64_t cols, float* HWY_RESTRICT s) {
+  const ColumnRange keep = band_columns(p.mask, i, p.q_len, p.kv_len);
+  const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
+  const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
+  std::fill(s, s + lo, kNegInf);
+  std::fill(s + hi, s + kBlockKv, kNegInf);
+  dense.apply(i, j0 + lo, hi - lo, s + lo);
+}
+
+/// row[0, n) *= factor; n a multiple of the vector width.
+HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
+  const hn::ScalableTag<float> d;
+  const auto f = hn::Set(d, factor);
+  for (int64_t j = 0; j < n; j += static_cast<int64_t>(hn::Lanes(d))) {
+    hn::StoreU(hn::Mul(hn::LoadU(d, row + j), f), d, row + j);
+  }
+}
+
+/// The key tiles [first, end) (multiples of kBlockKv from first) that any of query rows
+/// [row_begin, row_end) can see through the band.
+struct KvTileRange {
+  int64_t first = 0;
+  int64_t end = 0;
+};
+HWY_INLINE KvTileRange VisibleKvTiles(const AttentionParams& p, int64_t row_begin,
+                                      int64_t row_end) {
+  const ColumnRange span = band_columns_for_rows(p.mask, row_begin, row_end, p.q_len, p.kv_len);
+  if (span.empty()) return {};
+  return {span.begin / kBlockKv * kBlockKv, span.end};
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::cpu
+HWY_AFTER_NAMESPACE();
+
+#endif  // SDPA_CPU_TILE_OPS_INL_H_
