@@ -71,6 +71,13 @@ struct AttentionParams {
   bool enable_gqa = false;
   /// The caller passed 3-D tensors (no batch dimension); outputs drop it again.
   bool unbatched = false;
+  /// A backward call: grad_out, out [B, Hq, L, Ev] and lse [B, Hq, L] (float32) are set.
+  bool backward = false;
+  Tensor grad_out, out, lse;
+  /// Backward must also return the gradient of the dense additive mask.
+  bool attn_mask_requires_grad = false;
+  /// use_deterministic_algorithms was on when the call was made.
+  bool deterministic = false;
 
   int64_t group_size() const { return num_heads_kv == 0 ? 1 : num_heads_q / num_heads_kv; }
   bool has_dropout() const { return dropout.p > 0.0; }

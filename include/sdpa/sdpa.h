@@ -29,6 +29,11 @@ struct SDPAOptions {
   bool enable_gqa = false;
   /// Dropout randomness; the default generator when null.
   Generator* generator = nullptr;
+  /// Dropout state to replay instead of drawing from `generator`: a backward call passes
+  /// the forward's AttentionResult::philox so both see the same mask.
+  std::optional<PhiloxState> dropout_state;
+  /// Backward only: the float attn_mask needs a gradient (grad_attn_mask is returned).
+  bool attn_mask_requires_grad = false;
 };
 
 /// Output of an attention call.
@@ -36,6 +41,17 @@ struct AttentionResult {
   Tensor out;  ///< [B, Hq, L, Ev] (or [Hq, L, Ev] for 3-D inputs), query dtype, contiguous.
   Tensor lse;  ///< logsumexp of the scaled, masked scores, float32 [B, Hq, L]; -inf on fully
                ///< masked rows.
+  SDPBackend backend = SDPBackend::ERROR;  ///< The backend that ran.
+  PhiloxState philox;  ///< Dropout state used (pass as dropout_state to the backward).
+};
+
+/// Gradients of an attention call, each shaped and typed like its input.
+struct AttentionGradients {
+  Tensor grad_q;          ///< [B, Hq, L, E]
+  Tensor grad_k;          ///< [B, Hkv, S, E], summed over the query heads of each group
+  Tensor grad_v;          ///< [B, Hkv, S, Ev]
+  Tensor grad_attn_mask;  ///< the attn_mask's shape (summed over broadcast dimensions);
+                          ///< undefined unless attn_mask_requires_grad
   SDPBackend backend = SDPBackend::ERROR;  ///< The backend that ran.
 };
 
@@ -52,11 +68,35 @@ AttentionResult scaled_dot_product_attention_with_lse(const Tensor& q, const Ten
                                                       const Tensor& v,
                                                       const SDPAOptions& options = {});
 
+/// Returns the gradients of scaled_dot_product_attention with respect to q, k, v (and a
+/// float attn_mask when options.attn_mask_requires_grad), given grad_out and the forward's
+/// out [B, Hq, L, Ev] and lse [B, Hq, L] (float32). `options` must equal the forward's;
+/// with dropout, options.dropout_state must be the forward's AttentionResult::philox.
+/// Algorithm: FlashAttention-2's backward (Dao, 2023): P recomputed from lse,
+/// dS = P o (dP - rowsum(dO o O)). Throws sdpa::Error for invalid or inconsistent input.
+AttentionGradients scaled_dot_product_attention_backward(const Tensor& grad_out,
+                                                         const Tensor& q, const Tensor& k,
+                                                         const Tensor& v, const Tensor& out,
+                                                         const Tensor& lse,
+                                                         const SDPAOptions& options = {});
+
+/// Makes every backend choose a deterministic algorithm (PyTorch's
+/// torch.use_deterministic_algorithms). Every CPU path is deterministic regardless; the
+/// flag matters for GPU backends that accumulate with atomics (see docs/semantics.md).
+void use_deterministic_algorithms(bool enabled);
+bool are_deterministic_algorithms_enabled();
+
 /// Validates the inputs and normalizes them into AttentionParams (4-D views, the mask as
 /// a native descriptor, the default scale, dropout state drawn from the generator when
 /// dropout_p > 0). Throws sdpa::Error for invalid input.
 AttentionParams make_params(const Tensor& q, const Tensor& k, const Tensor& v,
                             const SDPAOptions& options = {});
+
+/// make_params for a backward call (params.backward set); also validates grad_out, out and
+/// lse against the inputs and requires options.dropout_state when dropout_p > 0.
+AttentionParams make_backward_params(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& out, const Tensor& lse,
+                                     const SDPAOptions& options = {});
 
 /// Reasons a backend rejects a call, collected only when asked for.
 struct Reasons {

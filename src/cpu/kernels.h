@@ -16,4 +16,18 @@ void math_forward(const AttentionParams& params, const Tensor& out, const Tensor
 /// (batch, head, q-block). float32/bfloat16/float16 inputs, float32 compute.
 void flash_forward(const AttentionParams& params, const Tensor& out, const Tensor& lse);
 
+/// Backward kernels read params.grad_out/out/lse and write grad_q [B, Hq, L, E],
+/// grad_k [B, Hkv, S, E], grad_v [B, Hkv, S, Ev] (contiguous, params.dtype) and, when
+/// defined, grad_mask [B, Hq, L, S] (the gradient of the additive mask).
+///
+/// MATH backward: probabilities recomputed per row; the reference for FLASH.
+void math_backward(const AttentionParams& params, const Tensor& grad_q, const Tensor& grad_k,
+                   const Tensor& grad_v, const Tensor& grad_mask);
+
+/// FLASH backward on CPU: FlashAttention-2's backward with P recomputed from lse tile by
+/// tile, never materializing L x S. Two passes keep it deterministic without atomics:
+/// dK/dV parallel over (batch, kv head, kv block), then dQ over (batch, head, q block).
+void flash_backward(const AttentionParams& params, const Tensor& grad_q, const Tensor& grad_k,
+                    const Tensor& grad_v, const Tensor& grad_mask);
+
 }  // namespace sdpa::cpu

@@ -13,6 +13,7 @@ AttentionResult scaled_dot_product_attention_with_lse(const Tensor& q, const Ten
   result.out = Tensor::empty({params.batch, params.num_heads_q, params.q_len, params.head_dim_vo},
                              params.dtype);
   result.lse = Tensor::empty({params.batch, params.num_heads_q, params.q_len}, DType::kFloat32);
+  result.philox = params.dropout.philox;
   detail::backend_impl(result.backend).forward(params, result.out, result.lse);
   if (params.unbatched) {
     result.out = result.out.squeeze(0);

@@ -18,11 +18,15 @@ struct NamedCheck {
 };
 
 using ForwardFn = void (*)(const AttentionParams& params, const Tensor& out, const Tensor& lse);
+/// Writes grad_q/k/v (contiguous, params.dtype) and, when defined, grad_mask [B, Hq, L, S].
+using BackwardFn = void (*)(const AttentionParams& params, const Tensor& grad_q,
+                            const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_mask);
 
 struct BackendImpl {
   SDPBackend id;
   std::span<const NamedCheck> checks;
-  ForwardFn forward;  ///< null when the backend is not built into this library
+  ForwardFn forward;    ///< null when the backend is not built into this library
+  BackwardFn backward;  ///< null when the backend has no backward
 };
 
 /// The implementation record of `backend` (not ERROR).

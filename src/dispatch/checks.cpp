@@ -33,6 +33,12 @@ bool check_flash_cpu_head_dim(const AttentionParams& p, Reasons& r) {
   return false;
 }
 
+bool check_flash_cpu_mask_grad(const AttentionParams& p, Reasons& r) {
+  if (!(p.backward && p.attn_mask_requires_grad)) return true;
+  r.add("attn_mask requires grad: only MATH computes grad_attn_mask (as PyTorch)");
+  return false;
+}
+
 bool check_built_with_cuda(const AttentionParams&, Reasons& r) {
   r.add("sdpa was built without CUDA support");
   return false;
@@ -63,7 +69,8 @@ bool check_external_backend_registered(const AttentionParams& p, Reasons& r) {
 constexpr NamedCheck kMathChecks[] = {{"cpu_device", check_cpu_device}};
 constexpr NamedCheck kFlashChecks[] = {{"cpu_device", check_cpu_device},
                                        {"dtype", check_flash_cpu_dtype},
-                                       {"head_dim", check_flash_cpu_head_dim}};
+                                       {"head_dim", check_flash_cpu_head_dim},
+                                       {"mask_grad", check_flash_cpu_mask_grad}};
 constexpr NamedCheck kEfficientChecks[] = {{"built_with_cuda", check_built_with_cuda},
                                            {"cuda_device", check_cuda_device}};
 constexpr NamedCheck kCudnnChecks[] = {{"built_with_cudnn", check_built_with_cudnn},
@@ -73,11 +80,11 @@ constexpr NamedCheck kOverrideableChecks[] = {
     {"backend_registered", check_external_backend_registered}};
 
 const BackendImpl kBackends[] = {
-    {SDPBackend::MATH, kMathChecks, &cpu::math_forward},
-    {SDPBackend::FLASH_ATTENTION, kFlashChecks, &cpu::flash_forward},
-    {SDPBackend::EFFICIENT_ATTENTION, kEfficientChecks, nullptr},
-    {SDPBackend::CUDNN_ATTENTION, kCudnnChecks, nullptr},
-    {SDPBackend::OVERRIDEABLE, kOverrideableChecks, nullptr},
+    {SDPBackend::MATH, kMathChecks, &cpu::math_forward, &cpu::math_backward},
+    {SDPBackend::FLASH_ATTENTION, kFlashChecks, &cpu::flash_forward, &cpu::flash_backward},
+    {SDPBackend::EFFICIENT_ATTENTION, kEfficientChecks, nullptr, nullptr},
+    {SDPBackend::CUDNN_ATTENTION, kCudnnChecks, nullptr, nullptr},
+    {SDPBackend::OVERRIDEABLE, kOverrideableChecks, nullptr, nullptr},
 };
 
 }  // namespace

@@ -115,9 +115,53 @@ AttentionParams make_params(const Tensor& q_in, const Tensor& k_in, const Tensor
 
   if (opt.dropout_p > 0.0) {
     p.dropout.p = opt.dropout_p;
-    Generator& gen = opt.generator ? *opt.generator : default_generator();
-    p.dropout.philox = gen.next();
+    if (opt.dropout_state) {
+      p.dropout.philox = *opt.dropout_state;
+    } else {
+      Generator& gen = opt.generator ? *opt.generator : default_generator();
+      p.dropout.philox = gen.next();
+    }
   }
+  if (opt.attn_mask_requires_grad) {
+    SDPA_CHECK(p.mask.dense_kind == DenseMaskKind::kAdditive,
+               "attn_mask_requires_grad: expected a float attn_mask, got ",
+               opt.attn_mask.defined() ? opt.attn_mask.describe() : std::string("no mask"));
+    p.attn_mask_requires_grad = true;
+  }
+  p.deterministic = are_deterministic_algorithms_enabled();
+  return p;
+}
+
+namespace {
+// Returns `t` as a 4-D view after checking it is [B, Hq, L, last] (3-D without B when
+// unbatched) of dtype `dtype`.
+Tensor expect_output_like(const char* name, const Tensor& t, const AttentionParams& p,
+                          int64_t last, DType dtype, bool has_last) {
+  SDPA_CHECK(t.defined(), name, ": expected a tensor, got an undefined one");
+  Shape want = {p.batch, p.num_heads_q, p.q_len};
+  if (has_last) want.push_back(last);
+  if (p.unbatched) want.erase(want.begin());
+  SDPA_CHECK(t.sizes() == want, name, ": expected shape ", shape_str(want), ", got ",
+             shape_str(t.sizes()));
+  SDPA_CHECK(t.dtype() == dtype, name, ": expected dtype ", dtype_name(dtype), ", got ",
+             dtype_name(t.dtype()));
+  SDPA_CHECK(t.device() == p.device, name, ": expected device ", device_name(p.device),
+             ", got ", device_name(t.device()));
+  return p.unbatched ? t.unsqueeze(0) : t;
+}
+}  // namespace
+
+AttentionParams make_backward_params(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& out, const Tensor& lse,
+                                     const SDPAOptions& opt) {
+  SDPA_CHECK(opt.dropout_p == 0.0 || opt.dropout_state.has_value(),
+             "dropout_state: expected the forward's AttentionResult::philox when dropout_p > 0 "
+             "(the backward must replay the forward's dropout mask), got none");
+  AttentionParams p = make_params(q, k, v, opt);
+  p.backward = true;
+  p.grad_out = expect_output_like("grad_out", grad_out, p, p.head_dim_vo, p.dtype, true);
+  p.out = expect_output_like("out", out, p, p.head_dim_vo, p.dtype, true);
+  p.lse = expect_output_like("lse", lse, p, 0, DType::kFloat32, false);
   return p;
 }
 

@@ -14,7 +14,7 @@ bool is_allowed(SDPBackend backend, const std::vector<SDPBackend>& active) {
 
 std::string call_summary(const AttentionParams& p) {
   std::ostringstream os;
-  os << "q [" << p.batch << ", " << p.num_heads_q << ", " << p.q_len << ", " << p.head_dim_qk
+  os << (p.backward ? "backward of " : "") << "q [" << p.batch << ", " << p.num_heads_q << ", " << p.q_len << ", " << p.head_dim_qk
      << "], k/v [" << p.batch << ", " << p.num_heads_kv << ", " << p.kv_len << ", "
      << p.head_dim_qk << "/" << p.head_dim_vo << "] " << dtype_name(p.dtype) << " on "
      << device_name(p.device);

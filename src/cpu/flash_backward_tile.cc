@@ -1,0 +1,174 @@
+// Per-target bodies of the CPU flash backward (FlashAttention-2, Dao 2023, Algorithm 2):
+// P is recomputed from the forward's logsumexp, dS = P o (dP - D) with D = rowsum(dO o O).
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/flash_backward_tile.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+
+#include "cpu/flash_backward_tile.h"
+#include "cpu/gemm-inl.h"
+#include "cpu/philox.h"
+#include "cpu/tile_ops-inl.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+namespace {
+
+// For q rows [q_begin, q_begin + rows) of head h against key tile [kv_begin, +cols),
+// with ws.q / ws.dout / ws.k_t / ws.v_t packed, leaves
+//   ws.probs   = P o Z (dropped, rescaled probabilities: what multiplied v),
+//   ws.dscores = dS = P o (Z o dP - D)  (the gradient of the scaled, masked scores).
+// Masked and padding columns and fully masked rows get zeros in both.
+void ProbsAndScoreGrads(const AttentionParams& p, const float* delta, int64_t b, int64_t h,
+                        int64_t q_begin, int64_t rows, int64_t kv_begin, int64_t cols,
+                        FlashBackwardScratch& ws) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t L = p.q_len, S = p.kv_len;
+  Gemm(rows, kBlockKv, p.head_dim_qk, ws.q, ws.head_dim_qk_padded, ws.k_t, kBlockKv, ws.probs,
+       kBlockKv, false);
+  Gemm(rows, kBlockKv, p.head_dim_vo, ws.dout, ws.head_dim_vo_padded, ws.v_t, kBlockKv,
+       ws.dscores, kBlockKv, false);
+  const DenseMaskRows dense(p.mask, b, h);
+  const int64_t row0 = (b * p.num_heads_q + h) * L;
+  const float* lse = p.lse.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = q_begin + r;
+    float* prob = ws.probs + r * kBlockKv;
+    float* dscore = ws.dscores + r * kBlockKv;
+    // lse is read through the tensor's strides: the caller's view may be non-contiguous.
+    const float row_lse = lse[b * p.lse.stride(0) + h * p.lse.stride(1) + i * p.lse.stride(2)];
+    if (row_lse == kNegInf) {  // fully masked row: no gradient flows
+      std::fill(prob, prob + kBlockKv, 0.0f);
+      std::fill(dscore, dscore + kBlockKv, 0.0f);
+      continue;
+    }
+    MaskScoreRow(p, dense, i, kv_begin, cols, prob);
+    const auto vlse = hn::Set(d, row_lse);
+    const auto vdelta = hn::Set(d, delta[row0 + i]);
+    if (p.has_dropout()) {
+      std::fill(ws.keep, ws.keep + kBlockKv, 1.0f);
+      DropoutStream(p.dropout.philox, p.dropout.p)
+          .apply(static_cast<uint64_t>((row0 + i) * S + kv_begin), ws.keep, cols);
+    }
+    for (int64_t j = 0; j < kBlockKv; j += lanes) {
+      const auto pr = hn::Exp(d, hn::Sub(hn::LoadU(d, prob + j), vlse));
+      auto dp = hn::LoadU(d, dscore + j);
+      auto pr_dropped = pr;
+      if (p.has_dropout()) {
+        const auto z = hn::LoadU(d, ws.keep + j);
+        dp = hn::Mul(dp, z);
+        pr_dropped = hn::Mul(pr, z);
+      }
+      hn::StoreU(hn::Mul(pr, hn::Sub(dp, vdelta)), d, dscore + j);
+      hn::StoreU(pr_dropped, d, prob + j);
+    }
+  }
+}
+
+// dst[c * kBlockQ + r] = src[r * kBlockKv + c] for r < rows, c < cols.
+void TransposeTile(const float* HWY_RESTRICT src, int64_t rows, int64_t cols,
+                   float* HWY_RESTRICT dst) {
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t r = 0; r < rows; ++r) dst[c * kBlockQ + r] = src[r * kBlockKv + c];
+  }
+}
+
+void PackQueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t q_begin,
+                    int64_t rows, FlashBackwardScratch& ws) {
+  PackRows(RowView(p.q, b, h), q_begin, rows, p.head_dim_qk, ws.head_dim_qk_padded, ws.q,
+           static_cast<float>(p.scale));
+  PackRows(RowView(p.grad_out, b, h), q_begin, rows, p.head_dim_vo, ws.head_dim_vo_padded,
+           ws.dout);
+}
+
+}  // namespace
+
+void FlashKvBlockBackward(const AttentionParams& p, const float* delta, int64_t b, int64_t hk,
+                          int64_t kv_begin, FlashBackwardScratch& ws, const Tensor& grad_k,
+                          const Tensor& grad_v) {
+  const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
+  const int64_t e_pad = ws.head_dim_qk_padded, ev_pad = ws.head_dim_vo_padded;
+  PackTransposed(RowView(p.k, b, hk), kv_begin, cols, p.head_dim_qk, ws.k_t, ws.row);
+  PackTransposed(RowView(p.v, b, hk), kv_begin, cols, p.head_dim_vo, ws.v_t, ws.row);
+  std::fill(ws.dk, ws.dk + cols * e_pad, 0.0f);
+  std::fill(ws.dv, ws.dv + cols * ev_pad, 0.0f);
+  for (int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
+    for (int64_t q_begin = 0; q_begin < p.q_len; q_begin += kBlockQ) {
+      const int64_t rows = std::min(kBlockQ, p.q_len - q_begin);
+      const KvTileRange tiles = VisibleKvTiles(p, q_begin, q_begin + rows);
+      if (kv_begin < tiles.first || kv_begin >= tiles.end) continue;
+      PackQueryBlock(p, b, h, q_begin, rows, ws);
+      ProbsAndScoreGrads(p, delta, b, h, q_begin, rows, kv_begin, cols, ws);
+      TransposeTile(ws.probs, rows, cols, ws.probs_t);
+      TransposeTile(ws.dscores, rows, cols, ws.dscores_t);
+      // dV += (P o Z)^T dO;  dK += dS^T (q * scale).
+      Gemm(cols, ev_pad, rows, ws.probs_t, kBlockQ, ws.dout, ev_pad, ws.dv, ev_pad, true);
+      Gemm(cols, e_pad, rows, ws.dscores_t, kBlockQ, ws.q, e_pad, ws.dk, e_pad, true);
+    }
+  }
+  const RowView dk_rows(grad_k, b, hk), dv_rows(grad_v, b, hk);
+  for (int64_t c = 0; c < cols; ++c) {
+    dk_rows.store(kv_begin + c, ws.dk + c * e_pad);
+    dv_rows.store(kv_begin + c, ws.dv + c * ev_pad);
+  }
+}
+
+void FlashQBlockBackward(const AttentionParams& p, const float* delta, int64_t b, int64_t h,
+                         int64_t q_begin, FlashBackwardScratch& ws, const Tensor& grad_q) {
+  const int64_t rows = std::min(kBlockQ, p.q_len - q_begin);
+  const int64_t e_pad = ws.head_dim_qk_padded;
+  const int64_t hk = h / p.group_size();
+  const RowView k_rows(p.k, b, hk), v_rows(p.v, b, hk);
+  PackQueryBlock(p, b, h, q_begin, rows, ws);
+  std::fill(ws.dq, ws.dq + rows * e_pad, 0.0f);
+  const KvTileRange tiles = VisibleKvTiles(p, q_begin, q_begin + rows);
+  for (int64_t kv_begin = tiles.first; kv_begin < tiles.end; kv_begin += kBlockKv) {
+    const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
+    PackTransposed(k_rows, kv_begin, cols, p.head_dim_qk, ws.k_t, ws.row);
+    PackRows(k_rows, kv_begin, cols, p.head_dim_qk, e_pad, ws.k);
+    PackTransposed(v_rows, kv_begin, cols, p.head_dim_vo, ws.v_t, ws.row);
+    ProbsAndScoreGrads(p, delta, b, h, q_begin, rows, kv_begin, cols, ws);
+    Gemm(rows, e_pad, cols, ws.dscores, kBlockKv, ws.k, e_pad, ws.dq, e_pad, true);  // dQ += dS K
+  }
+  const RowView dq_rows(grad_q, b, h);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dq = ws.dq + r * e_pad;
+    ScaleRow(dq, e_pad, static_cast<float>(p.scale));
+    dq_rows.store(q_begin + r, dq);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace sdpa::cpu {
+
+FlashBackwardKernels flash_backward_kernels_for(Capability capability) {
+  switch (capability) {
+#if HWY_TARGETS & HWY_AVX3
+    case Capability::kAVX512: return {&N_AVX3::FlashKvBlockBackward, &N_AVX3::FlashQBlockBackward};
+#endif
+#if HWY_TARGETS & HWY_AVX2
+    case Capability::kAVX2: return {&N_AVX2::FlashKvBlockBackward, &N_AVX2::FlashQBlockBackward};
+#endif
+    default: break;
+  }
+#if HWY_TARGETS & HWY_EMU128
+  return {&N_EMU128::FlashKvBlockBackward, &N_EMU128::FlashQBlockBackward};
+#else
+  return {&N_SCALAR::FlashKvBlockBackward, &N_SCALAR::FlashQBlockBackward};
+#endif
+}
+
+}  // namespace sdpa::cpu
+#endif  // HWY_ONCE

@@ -1,0 +1,51 @@
+#pragma once
+// Per-target bodies of the CPU flash backward (flash_backward_tile.cc) and the scratch
+// memory one thread reuses across blocks.
+
+#include <cstdint>
+
+#include "cpu/capability.h"
+#include "cpu/flash_tile.h"
+#include "sdpa/params.h"
+
+namespace sdpa::cpu {
+
+/// One thread's float32 working set (E_pad, Ev_pad: head dims rounded up to kMaxLanes):
+///   q [kBlockQ, E_pad] (pre-scaled), dout [kBlockQ, Ev_pad], k_t [E, kBlockKv],
+///   k [kBlockKv, E_pad], v_t [Ev, kBlockKv], probs / dscores [kBlockQ, kBlockKv],
+///   probs_t / dscores_t [kBlockKv, kBlockQ], dk / dv [kBlockKv, E_pad / Ev_pad],
+///   dq [kBlockQ, E_pad], keep [kBlockKv], row [max(E, Ev)].
+struct FlashBackwardScratch {
+  FlashBackwardScratch(int64_t head_dim_qk, int64_t head_dim_vo);
+  FlashBackwardScratch(const FlashBackwardScratch&) = delete;
+  FlashBackwardScratch& operator=(const FlashBackwardScratch&) = delete;
+
+  int64_t head_dim_qk_padded;
+  int64_t head_dim_vo_padded;
+  float *q, *dout, *k_t, *k, *v_t, *probs, *dscores, *probs_t, *dscores_t;
+  float *dk, *dv, *dq, *keep, *row;
+
+ private:
+  Tensor buffer_;
+};
+
+/// Pass 1: grad_k / grad_v rows [kv_begin, kv_begin + kBlockKv) of kv head `hk`, summed
+/// over the query heads of its group. `delta` is rowsum(dO o O), float32 [B, Hq, L].
+using FlashKvBlockBackwardFn = void (*)(const AttentionParams& params, const float* delta,
+                                        int64_t b, int64_t hk, int64_t kv_begin,
+                                        FlashBackwardScratch& scratch, const Tensor& grad_k,
+                                        const Tensor& grad_v);
+/// Pass 2: grad_q rows [q_begin, q_begin + kBlockQ) of head `h`.
+using FlashQBlockBackwardFn = void (*)(const AttentionParams& params, const float* delta,
+                                       int64_t b, int64_t h, int64_t q_begin,
+                                       FlashBackwardScratch& scratch, const Tensor& grad_q);
+
+struct FlashBackwardKernels {
+  FlashKvBlockBackwardFn kv_block;
+  FlashQBlockBackwardFn q_block;
+};
+
+/// The backward bodies compiled for `capability`.
+FlashBackwardKernels flash_backward_kernels_for(Capability capability);
+
+}  // namespace sdpa::cpu

@@ -1,0 +1,71 @@
+// The public backward entry point: validate, select (same checks as the forward, with
+// params.backward set), run, and reduce the mask gradient to the mask's own shape.
+
+#include <vector>
+
+#include "core/element_access.h"
+#include "dispatch/backend_impl.h"
+
+namespace sdpa {
+namespace {
+
+// Sums full [B, Hq, L, S] gradients over the dimensions the mask was broadcast along
+// (autograd's rule for broadcasting), returning a tensor of the mask's shape and dtype.
+Tensor sum_to_mask_shape(const Tensor& full, const Tensor& mask) {
+  const Shape& shape = mask.sizes();
+  const int64_t lead = full.dim() - mask.dim();
+  std::vector<double> sums(static_cast<size_t>(checked_numel(shape)), 0.0);
+  const Shape mask_strides = contiguous_strides(shape);
+  const int64_t n = full.numel();
+  const Shape full_shape = full.sizes();
+  Shape index(full.dim(), 0);
+  const auto* data = full.data<char>();
+  for (int64_t linear = 0; linear < n; ++linear) {
+    int64_t target = 0;
+    for (int64_t d = 0; d < mask.dim(); ++d) {
+      if (shape[d] != 1) target += index[lead + d] * mask_strides[d];
+    }
+    sums[target] += detail::load_element(data, full.dtype(), linear);
+    for (int64_t d = full.dim() - 1; d >= 0; --d) {
+      if (++index[d] < full_shape[d]) break;
+      index[d] = 0;
+    }
+  }
+  Tensor out = Tensor::empty(shape, mask.dtype());
+  for (size_t i = 0; i < sums.size(); ++i) {
+    detail::store_element(out.data_ptr(), out.dtype(), static_cast<int64_t>(i), sums[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+AttentionGradients scaled_dot_product_attention_backward(const Tensor& grad_out,
+                                                         const Tensor& q, const Tensor& k,
+                                                         const Tensor& v, const Tensor& out,
+                                                         const Tensor& lse,
+                                                         const SDPAOptions& options) {
+  const AttentionParams p = make_backward_params(grad_out, q, k, v, out, lse, options);
+  AttentionGradients g;
+  g.backend = select_backend(p);
+  g.grad_q = Tensor::empty(p.q.sizes(), p.dtype);
+  g.grad_k = Tensor::empty(p.k.sizes(), p.dtype);
+  g.grad_v = Tensor::empty(p.v.sizes(), p.dtype);
+  Tensor grad_mask_full;
+  if (p.attn_mask_requires_grad) {
+    grad_mask_full = Tensor::empty({p.batch, p.num_heads_q, p.q_len, p.kv_len}, p.dtype);
+  }
+  detail::backend_impl(g.backend).backward(p, g.grad_q, g.grad_k, g.grad_v, grad_mask_full);
+  if (p.unbatched) {
+    g.grad_q = g.grad_q.squeeze(0);
+    g.grad_k = g.grad_k.squeeze(0);
+    g.grad_v = g.grad_v.squeeze(0);
+  }
+  if (p.attn_mask_requires_grad) {
+    const Tensor full = p.unbatched ? grad_mask_full.squeeze(0) : grad_mask_full;
+    g.grad_attn_mask = sum_to_mask_shape(full, options.attn_mask);
+  }
+  return g;
+}
+
+}  // namespace sdpa
