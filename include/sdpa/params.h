@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <vector>
 
 #include "sdpa/generator.h"
 #include "sdpa/tensor.h"
@@ -15,33 +16,48 @@ namespace sdpa {
 /// PyTorch's CausalVariant UPPER_LEFT / LOWER_RIGHT).
 enum class DiagonalAlignment { kTopLeft, kBottomRight };
 
-/// A diagonal band of allowed (query i, key j) pairs: with d = 0 (top-left) or
-/// kv_len - q_len (bottom-right), key j takes part when
+/// The coordinates a band is measured in. kSequence: query i of q_len, key j of kv_len.
+/// kSegment: relative to the row's segment, i.e. its document (packed varlen) restricted
+/// to the batch's valid keys (padding), so "causal inside each document" is one band.
+enum class BandFrame { kSequence, kSegment };
+
+/// A diagonal band of allowed (query i, key j) pairs: in its frame, with d = 0
+/// (top-left) or kv_len - q_len (bottom-right), key j takes part when
 ///   i + d - left <= j <= i + d + right,
 /// an absent bound being unbounded. Causal is right = 0; a sliding window adds left = W.
 struct DiagonalBand {
   DiagonalAlignment alignment = DiagonalAlignment::kTopLeft;
   std::optional<int64_t> left;
   std::optional<int64_t> right;
+  BandFrame frame = BandFrame::kSequence;
 };
 
 /// How a dense mask tensor acts on the scores.
 enum class DenseMaskKind { kNone, kBoolKeep, kAdditive };
 
 /// The native mask descriptor every fused kernel understands without an L x S tensor,
-/// plus the one materialized kind (a dense tensor with broadcast strides).
+/// plus the one materialized kind (a dense tensor with broadcast strides). All parts
+/// combine: masks intersect, additive terms add.
 struct MaskDescriptor {
-  std::optional<DiagonalBand> band;
+  /// Diagonal bands; a key must lie inside every one.
+  std::vector<DiagonalBand> bands;
+  /// Packed documents: query rows [cu_seqlens_q[d], cu_seqlens_q[d+1]) see only keys
+  /// [cu_seqlens_kv[d], cu_seqlens_kv[d+1]). Empty when the call has no documents.
+  std::vector<int64_t> cu_seqlens_q, cu_seqlens_kv;
+  /// Valid keys per batch (right padding); empty when none.
+  std::vector<int64_t> kv_lengths;
+  /// ALiBi: adds -alibi_slopes[h] * |i + d - j| (d from alibi_alignment, sequence frame).
+  std::vector<float> alibi_slopes;
+  DiagonalAlignment alibi_alignment = DiagonalAlignment::kBottomRight;
   DenseMaskKind dense_kind = DenseMaskKind::kNone;
   /// [B, Hq, L, S] view (zero strides where broadcast): bool (true = take part) or
   /// additive in the query dtype. Undefined when dense_kind == kNone.
   Tensor dense;
 
-  bool empty() const { return !band && dense_kind == DenseMaskKind::kNone; }
-
-  /// Offset d of the band diagonal for the given lengths.
-  static int64_t diagonal_offset(const DiagonalBand& b, int64_t q_len, int64_t kv_len) {
-    return b.alignment == DiagonalAlignment::kBottomRight ? kv_len - q_len : 0;
+  bool has_documents() const { return !cu_seqlens_q.empty(); }
+  bool empty() const {
+    return bands.empty() && !has_documents() && kv_lengths.empty() && alibi_slopes.empty() &&
+           dense_kind == DenseMaskKind::kNone;
   }
 };
 
@@ -50,6 +66,8 @@ struct DropoutParams {
   double p = 0.0;
   PhiloxState philox;
 };
+
+class AttnBias;
 
 /// Normalized attention call. Tensors are 4-D views in the caller's memory:
 ///   q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], any element strides.
@@ -67,6 +85,9 @@ struct AttentionParams {
   /// Multiplies q.k before softmax; 1/sqrt(E) unless the caller gave one.
   double scale = 1.0;
   MaskDescriptor mask;
+  /// The bias the mask came from (null when none), kept so backends that do not run
+  /// biases natively can materialize it.
+  std::shared_ptr<const AttnBias> bias;
   DropoutParams dropout;
   bool enable_gqa = false;
   /// The caller passed 3-D tensors (no batch dimension); outputs drop it again.

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "sdpa/attn_bias.h"
 #include "sdpa/backend.h"
 #include "sdpa/error.h"
 #include "sdpa/generator.h"
@@ -16,9 +17,9 @@ namespace sdpa {
 /// Options of one call; the names and defaults are
 /// torch.nn.functional.scaled_dot_product_attention's.
 struct SDPAOptions {
-  /// Undefined, or broadcastable to [B, Hq, L, S]: bool (true = the key takes part) or
-  /// float of the query dtype (added to the scores).
-  Tensor attn_mask;
+  /// None; a tensor broadcastable to [B, Hq, L, S] (bool, true = the key takes part, or
+  /// float of the query dtype, added to the scores); or any AttnBias (attn_bias.h).
+  AttnMask attn_mask;
   /// Probability in [0, 1) of dropping an attention weight.
   double dropout_p = 0.0;
   /// Causal mask aligned top-left (query i sees keys j <= i). Error with attn_mask.
@@ -117,6 +118,9 @@ struct BackendVerdict {
   bool allowed;   ///< Permitted by the sdpa_kernel guard / enable flags.
   bool supported; ///< Every check passed.
   std::vector<std::string> reasons;  ///< Why not, when !allowed or !supported.
+  /// How this backend would take the call's attn_mask: "native: ...",
+  /// "materialized: ..." or empty when the call has none.
+  std::string bias_handling;
 };
 
 /// The choice for a call and every backend's verdict, in priority order.

@@ -50,7 +50,7 @@ void ProbsAndScoreGrads(const AttentionParams& p, const float* delta, int64_t b,
       std::fill(dscore, dscore + kBlockKv, 0.0f);
       continue;
     }
-    MaskScoreRow(p, dense, i, kv_begin, cols, prob);
+    MaskScoreRow(p, dense, b, h, i, kv_begin, cols, prob);
     const auto vlse = hn::Set(d, row_lse);
     const auto vdelta = hn::Set(d, delta[row0 + i]);
     if (p.has_dropout()) {
@@ -103,7 +103,7 @@ void FlashKvBlockBackward(const AttentionParams& p, const float* delta, int64_t 
   for (int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
     for (int64_t q_begin = 0; q_begin < p.q_len; q_begin += kBlockQ) {
       const int64_t rows = std::min(kBlockQ, p.q_len - q_begin);
-      const KvTileRange tiles = VisibleKvTiles(p, q_begin, q_begin + rows);
+      const KvTileRange tiles = VisibleKvTiles(p, b, q_begin, q_begin + rows);
       if (kv_begin < tiles.first || kv_begin >= tiles.end) continue;
       PackQueryBlock(p, b, h, q_begin, rows, ws);
       ProbsAndScoreGrads(p, delta, b, h, q_begin, rows, kv_begin, cols, ws);
@@ -129,7 +129,7 @@ void FlashQBlockBackward(const AttentionParams& p, const float* delta, int64_t b
   const RowView k_rows(p.k, b, hk), v_rows(p.v, b, hk);
   PackQueryBlock(p, b, h, q_begin, rows, ws);
   std::fill(ws.dq, ws.dq + rows * e_pad, 0.0f);
-  const KvTileRange tiles = VisibleKvTiles(p, q_begin, q_begin + rows);
+  const KvTileRange tiles = VisibleKvTiles(p, b, q_begin, q_begin + rows);
   for (int64_t kv_begin = tiles.first; kv_begin < tiles.end; kv_begin += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
     PackTransposed(k_rows, kv_begin, cols, p.head_dim_qk, ws.k_t, ws.row);

@@ -4,6 +4,7 @@
 // mask exactly the same elements.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -19,24 +20,80 @@ struct ColumnRange {
   bool empty() const { return begin >= end; }
 };
 
-/// Columns of query row i that the band keeps, clipped to [0, kv_len).
-inline ColumnRange band_columns(const MaskDescriptor& mask, int64_t i, int64_t q_len,
-                                int64_t kv_len) {
-  if (!mask.band) return {0, kv_len};
-  const DiagonalBand& b = *mask.band;
-  const int64_t diag = i + MaskDescriptor::diagonal_offset(b, q_len, kv_len);
-  const int64_t lo = b.left ? diag - *b.left : 0;
-  const int64_t hi = b.right ? diag + *b.right + 1 : kv_len;
-  return {std::clamp<int64_t>(lo, 0, kv_len), std::clamp<int64_t>(hi, 0, kv_len)};
+/// The segment a query row belongs to: its document (or the whole sequence) with the
+/// keys restricted to the batch's valid ones. Bands in BandFrame::kSegment are measured
+/// relative to it.
+struct RowSegment {
+  int64_t q_begin = 0;
+  int64_t q_len = 0;
+  int64_t kv_begin = 0;
+  int64_t kv_len = 0;
+};
+
+inline RowSegment row_segment(const MaskDescriptor& mask, int64_t b, int64_t i, int64_t q_len,
+                              int64_t kv_len) {
+  RowSegment seg{0, q_len, 0, kv_len};
+  if (mask.has_documents()) {
+    const auto& cq = mask.cu_seqlens_q;
+    // Last document starting at or before i (empty documents are skipped over).
+    const int64_t doc = std::upper_bound(cq.begin(), cq.end(), i) - cq.begin() - 1;
+    const int64_t d = std::clamp<int64_t>(doc, 0, static_cast<int64_t>(cq.size()) - 2);
+    seg = {cq[d], cq[d + 1] - cq[d], mask.cu_seqlens_kv[d],
+           mask.cu_seqlens_kv[d + 1] - mask.cu_seqlens_kv[d]};
+  }
+  if (!mask.kv_lengths.empty()) {
+    const int64_t valid_end = std::min(seg.kv_begin + seg.kv_len, mask.kv_lengths[b]);
+    seg.kv_len = std::max<int64_t>(valid_end - seg.kv_begin, 0);
+  }
+  return seg;
 }
 
-/// Columns kept by the band for any row of [row_begin, row_end): the union of their
-/// intervals (bands are monotone in the row, so the ends suffice).
-inline ColumnRange band_columns_for_rows(const MaskDescriptor& mask, int64_t row_begin,
-                                         int64_t row_end, int64_t q_len, int64_t kv_len) {
-  const ColumnRange first = band_columns(mask, row_begin, q_len, kv_len);
-  const ColumnRange last = band_columns(mask, row_end - 1, q_len, kv_len);
-  return {first.begin, last.end};
+/// Keys query row i of batch b may see: the intersection of its segment and every band,
+/// clipped to [0, kv_len). The dense mask is not included (it is per element).
+inline ColumnRange row_columns(const MaskDescriptor& mask, int64_t b, int64_t i, int64_t q_len,
+                               int64_t kv_len) {
+  const RowSegment seg = row_segment(mask, b, i, q_len, kv_len);
+  int64_t lo = seg.kv_begin, hi = seg.kv_begin + seg.kv_len;
+  for (const DiagonalBand& band : mask.bands) {
+    const bool local = band.frame == BandFrame::kSegment;
+    const int64_t row = local ? i - seg.q_begin : i;
+    const int64_t rows = local ? seg.q_len : q_len;
+    const int64_t cols = local ? seg.kv_len : kv_len;
+    const int64_t origin = local ? seg.kv_begin : 0;
+    const int64_t diag =
+        origin + row + (band.alignment == DiagonalAlignment::kBottomRight ? cols - rows : 0);
+    if (band.left) lo = std::max(lo, diag - *band.left);
+    if (band.right) hi = std::min(hi, diag + *band.right + 1);
+  }
+  lo = std::clamp<int64_t>(lo, 0, kv_len);
+  return {lo, std::clamp<int64_t>(hi, lo, kv_len)};
+}
+
+/// Union of row_columns over rows [row_begin, row_end): the key range a q-block can see.
+inline ColumnRange block_columns(const MaskDescriptor& mask, int64_t b, int64_t row_begin,
+                                 int64_t row_end, int64_t q_len, int64_t kv_len) {
+  ColumnRange all{kv_len, 0};
+  for (int64_t i = row_begin; i < row_end; ++i) {
+    const ColumnRange r = row_columns(mask, b, i, q_len, kv_len);
+    if (r.empty()) continue;
+    all.begin = std::min(all.begin, r.begin);
+    all.end = std::max(all.end, r.end);
+  }
+  return all.empty() ? ColumnRange{} : all;
+}
+
+/// ALiBi term of one (head, query row): bias(j) = -slope * |center - j|.
+struct AlibiRow {
+  float slope = 0.0f;
+  int64_t center = 0;
+  bool active = false;
+};
+
+inline AlibiRow alibi_row(const MaskDescriptor& mask, int64_t h, int64_t i, int64_t q_len,
+                          int64_t kv_len) {
+  if (mask.alibi_slopes.empty()) return {};
+  const int64_t d = mask.alibi_alignment == DiagonalAlignment::kBottomRight ? kv_len - q_len : 0;
+  return {mask.alibi_slopes[h], i + d, true};
 }
 
 /// Reads the dense mask of one (batch, head) and applies it to score rows.
@@ -79,5 +136,23 @@ class DenseMaskRows {
   int64_t stride_row_ = 0;
   int64_t stride_col_ = 0;
 };
+
+/// Applies every part of the mask to a full score row s[0, kv_len) of (b, h, i): keys
+/// outside row_columns become -inf, then the dense mask and ALiBi apply. The scalar form
+/// used by MATH; the flash kernels do the same per tile (tile_ops-inl.h).
+template <typename T>
+void mask_score_row(const MaskDescriptor& mask, const DenseMaskRows& dense, int64_t b, int64_t h,
+                    int64_t i, int64_t q_len, int64_t kv_len, T* s) {
+  const ColumnRange keep = row_columns(mask, b, i, q_len, kv_len);
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < keep.begin; ++j) s[j] = neg_inf;
+  for (int64_t j = keep.end; j < kv_len; ++j) s[j] = neg_inf;
+  dense.apply(i, keep.begin, keep.end - keep.begin, s + keep.begin);
+  const AlibiRow alibi = alibi_row(mask, h, i, q_len, kv_len);
+  if (!alibi.active) return;
+  for (int64_t j = keep.begin; j < keep.end; ++j) {
+    s[j] -= static_cast<T>(alibi.slope) * static_cast<T>(std::abs(alibi.center - j));
+  }
+}
 
 }  // namespace sdpa::cpu

@@ -40,11 +40,7 @@ void math_forward_typed(const AttentionParams& p, const Tensor& out, const Tenso
             for (int64_t e = 0; e < E; ++e) dot += q[e] * k[j * E + e];
             scores[j] = dot * scale;
           }
-          const ColumnRange keep = band_columns(p.mask, i, L, S);
-          for (int64_t j = 0; j < S; ++j) {
-            if (j < keep.begin || j >= keep.end) scores[j] = neg_inf;
-          }
-          dense.apply(i, 0, S, scores.data());
+          mask_score_row(p.mask, dense, b, h, i, L, S, scores.data());
           Acc max = neg_inf;
           for (int64_t j = 0; j < S; ++j) max = std::max(max, scores[j]);
           const int64_t row = (b * p.num_heads_q + h) * L + i;

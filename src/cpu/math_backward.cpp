@@ -45,11 +45,7 @@ void math_backward_typed(const AttentionParams& p, const Tensor& grad_q, const T
               for (int64_t e = 0; e < E; ++e) dot += q[e] * k[j * E + e];
               prob[j] = dot * scale;
             }
-            const ColumnRange band = band_columns(p.mask, i, L, S);
-            for (int64_t j = 0; j < S; ++j) {
-              if (j < band.begin || j >= band.end) prob[j] = neg_inf;
-            }
-            dense.apply(i, 0, S, prob.data());
+            mask_score_row(p.mask, dense, b, h, i, L, S, prob.data());
             Acc max = neg_inf;
             for (int64_t j = 0; j < S; ++j) max = std::max(max, prob[j]);
             const int64_t row = (b * p.num_heads_q + h) * L + i;

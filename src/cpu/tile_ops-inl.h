@@ -48,16 +48,28 @@ HWY_INLINE void PackTransposed(const RowView& rows, int64_t first, int64_t count
   }
 }
 
-/// Masks score row s[0, kBlockKv) = columns [j0, j0 + kBlockKv) of query row i: columns
-/// outside the band or past kv_len become -inf, then the dense mask applies.
-HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dense, int64_t i,
-                             int64_t j0, int64_t cols, float* HWY_RESTRICT s) {
-  const ColumnRange keep = band_columns(p.mask, i, p.q_len, p.kv_len);
+/// Masks score row s[0, kBlockKv) = columns [j0, j0 + kBlockKv) of query row i of
+/// (b, h): keys outside row_columns (band, document, padding) or past kv_len become -inf
+/// by filling the row's ends (never per element), then the dense mask and ALiBi apply.
+HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dense, int64_t b,
+                             int64_t h, int64_t i, int64_t j0, int64_t cols,
+                             float* HWY_RESTRICT s) {
+  const ColumnRange keep = row_columns(p.mask, b, i, p.q_len, p.kv_len);
   const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
   const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
   std::fill(s, s + lo, kNegInf);
   std::fill(s + hi, s + kBlockKv, kNegInf);
   dense.apply(i, j0 + lo, hi - lo, s + lo);
+  const AlibiRow alibi = alibi_row(p.mask, h, i, p.q_len, p.kv_len);
+  if (!alibi.active) return;
+  // s[j] -= slope * |j0 + j - center|; masked entries stay -inf.
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto neg_slope = hn::Set(d, -alibi.slope);
+  for (int64_t j = 0; j < kBlockKv; j += lanes) {
+    const auto distance = hn::Abs(hn::Iota(d, static_cast<float>(j0 + j - alibi.center)));
+    hn::StoreU(hn::MulAdd(neg_slope, distance, hn::LoadU(d, s + j)), d, s + j);
+  }
 }
 
 /// row[0, n) *= factor; n a multiple of the vector width.
@@ -70,14 +82,14 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
 }
 
 /// The key tiles [first, end) (multiples of kBlockKv from first) that any of query rows
-/// [row_begin, row_end) can see through the band.
+/// [row_begin, row_end) of batch b can see (band, documents, padding).
 struct KvTileRange {
   int64_t first = 0;
   int64_t end = 0;
 };
-HWY_INLINE KvTileRange VisibleKvTiles(const AttentionParams& p, int64_t row_begin,
+HWY_INLINE KvTileRange VisibleKvTiles(const AttentionParams& p, int64_t b, int64_t row_begin,
                                       int64_t row_end) {
-  const ColumnRange span = band_columns_for_rows(p.mask, row_begin, row_end, p.q_len, p.kv_len);
+  const ColumnRange span = block_columns(p.mask, b, row_begin, row_end, p.q_len, p.kv_len);
   if (span.empty()) return {};
   return {span.begin / kBlockKv * kBlockKv, span.end};
 }

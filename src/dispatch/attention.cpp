@@ -1,6 +1,7 @@
 // The public entry points: validate, select, run.
 
 #include "dispatch/backend_impl.h"
+#include "dispatch/lowering.h"
 
 namespace sdpa {
 
@@ -14,7 +15,8 @@ AttentionResult scaled_dot_product_attention_with_lse(const Tensor& q, const Ten
                              params.dtype);
   result.lse = Tensor::empty({params.batch, params.num_heads_q, params.q_len}, DType::kFloat32);
   result.philox = params.dropout.philox;
-  detail::backend_impl(result.backend).forward(params, result.out, result.lse);
+  const detail::BackendImpl& impl = detail::backend_impl(result.backend);
+  impl.forward(impl.native_bias ? params : with_materialized_bias(params), result.out, result.lse);
   if (params.unbatched) {
     result.out = result.out.squeeze(0);
     result.lse = result.lse.squeeze(0);

@@ -5,6 +5,7 @@
 
 #include "core/element_access.h"
 #include "dispatch/backend_impl.h"
+#include "dispatch/lowering.h"
 
 namespace sdpa {
 namespace {
@@ -55,7 +56,9 @@ AttentionGradients scaled_dot_product_attention_backward(const Tensor& grad_out,
   if (p.attn_mask_requires_grad) {
     grad_mask_full = Tensor::empty({p.batch, p.num_heads_q, p.q_len, p.kv_len}, p.dtype);
   }
-  detail::backend_impl(g.backend).backward(p, g.grad_q, g.grad_k, g.grad_v, grad_mask_full);
+  const detail::BackendImpl& impl = detail::backend_impl(g.backend);
+  impl.backward(impl.native_bias ? p : with_materialized_bias(p), g.grad_q, g.grad_k, g.grad_v,
+                grad_mask_full);
   if (p.unbatched) {
     g.grad_q = g.grad_q.squeeze(0);
     g.grad_k = g.grad_k.squeeze(0);
@@ -63,7 +66,7 @@ AttentionGradients scaled_dot_product_attention_backward(const Tensor& grad_out,
   }
   if (p.attn_mask_requires_grad) {
     const Tensor full = p.unbatched ? grad_mask_full.squeeze(0) : grad_mask_full;
-    g.grad_attn_mask = sum_to_mask_shape(full, options.attn_mask);
+    g.grad_attn_mask = sum_to_mask_shape(full, options.attn_mask.tensor());
   }
   return g;
 }

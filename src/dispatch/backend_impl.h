@@ -27,6 +27,8 @@ struct BackendImpl {
   std::span<const NamedCheck> checks;
   ForwardFn forward;    ///< null when the backend is not built into this library
   BackwardFn backward;  ///< null when the backend has no backward
+  /// Runs every AttnBias from its native descriptor; otherwise biases are materialized.
+  bool native_bias;
 };
 
 /// The implementation record of `backend` (not ERROR).

@@ -80,11 +80,12 @@ constexpr NamedCheck kOverrideableChecks[] = {
     {"backend_registered", check_external_backend_registered}};
 
 const BackendImpl kBackends[] = {
-    {SDPBackend::MATH, kMathChecks, &cpu::math_forward, &cpu::math_backward},
-    {SDPBackend::FLASH_ATTENTION, kFlashChecks, &cpu::flash_forward, &cpu::flash_backward},
-    {SDPBackend::EFFICIENT_ATTENTION, kEfficientChecks, nullptr, nullptr},
-    {SDPBackend::CUDNN_ATTENTION, kCudnnChecks, nullptr, nullptr},
-    {SDPBackend::OVERRIDEABLE, kOverrideableChecks, nullptr, nullptr},
+    // MATH is the reference: it sees every bias as its dense materialize().
+    {SDPBackend::MATH, kMathChecks, &cpu::math_forward, &cpu::math_backward, false},
+    {SDPBackend::FLASH_ATTENTION, kFlashChecks, &cpu::flash_forward, &cpu::flash_backward, true},
+    {SDPBackend::EFFICIENT_ATTENTION, kEfficientChecks, nullptr, nullptr, false},
+    {SDPBackend::CUDNN_ATTENTION, kCudnnChecks, nullptr, nullptr, false},
+    {SDPBackend::OVERRIDEABLE, kOverrideableChecks, nullptr, nullptr, false},
 };
 
 }  // namespace

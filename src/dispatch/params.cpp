@@ -2,26 +2,11 @@
 
 #include <cmath>
 
+#include "dispatch/lowering.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa {
 namespace {
-
-// Checks `mask` can broadcast to [B, Hq, L, S] (right-aligned, PyTorch rules) and returns
-// the 4-D broadcast view.
-Tensor broadcast_mask(const Tensor& mask, const Shape& target, bool unbatched) {
-  const Shape want = unbatched ? Shape(target.begin() + 1, target.end()) : target;
-  bool ok = mask.dim() <= static_cast<int64_t>(want.size());
-  for (int64_t i = 0; ok && i < mask.dim(); ++i) {
-    const int64_t have = mask.size(mask.dim() - 1 - i);
-    const int64_t need = want[want.size() - 1 - i];
-    ok = have == need || have == 1;
-  }
-  SDPA_CHECK(ok, "attn_mask: expected a shape broadcastable to ", shape_str(want), ", got ",
-             shape_str(mask.sizes()));
-  Tensor view = mask.expand(want);
-  return unbatched ? view.unsqueeze(0) : view;
-}
 
 void check_same(const char* what, const char* a_name, int64_t a, const char* b_name, int64_t b,
                 const Tensor& t_a, const Tensor& t_b) {
@@ -29,7 +14,36 @@ void check_same(const char* what, const char* a_name, int64_t a, const char* b_n
              " (", a_name, " ", t_a.describe(), ", ", b_name, " ", t_b.describe(), ")");
 }
 
+void lower_bias(const AttnBiasPtr& bias, AttentionParams& p) {
+  const BiasShape shape{p.batch, p.num_heads_q, p.q_len, p.kv_len};
+  p.bias = bias;
+  p.mask = MaskDescriptor{};
+  if (bias->needs_materialization()) {
+    TensorBias(bias->materialize(shape, p.dtype)).lower(shape, p.mask);
+  } else {
+    bias->lower(shape, p.mask);
+  }
+  if (p.mask.dense_kind == DenseMaskKind::kNone) return;
+  const Tensor& m = p.mask.dense;
+  SDPA_CHECK(m.device() == p.device, "attn_mask: expected device ", device_name(p.device),
+             ", got ", device_name(m.device()));
+  SDPA_CHECK(m.dtype() == DType::kBool || m.dtype() == p.dtype, "attn_mask: expected dtype bool "
+             "or ", dtype_name(p.dtype), " (the query dtype), got ", dtype_name(m.dtype()));
+}
+
 }  // namespace
+
+AttentionParams with_materialized_bias(const AttentionParams& params) {
+  if (!params.bias || params.bias->needs_materialization() ||
+      dynamic_cast<const TensorBias*>(params.bias.get())) {
+    return params;
+  }
+  AttentionParams p = params;
+  const BiasShape shape{p.batch, p.num_heads_q, p.q_len, p.kv_len};
+  p.mask = MaskDescriptor{};
+  TensorBias(p.bias->materialize(shape, p.dtype)).lower(shape, p.mask);
+  return p;
+}
 
 AttentionParams make_params(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                             const SDPAOptions& opt) {
@@ -101,17 +115,9 @@ AttentionParams make_params(const Tensor& q_in, const Tensor& k_in, const Tensor
   if (opt.attn_mask.defined()) {
     SDPA_CHECK(!opt.is_causal, "attn_mask: expected no mask when is_causal is set (as PyTorch), "
                "got ", opt.attn_mask.describe());
-    const Tensor& m = opt.attn_mask;
-    SDPA_CHECK(m.device() == p.device, "attn_mask: expected device ", device_name(p.device),
-               ", got ", device_name(m.device()));
-    SDPA_CHECK(m.dtype() == DType::kBool || m.dtype() == p.dtype,
-               "attn_mask: expected dtype bool or ", dtype_name(p.dtype),
-               " (the query dtype), got ", dtype_name(m.dtype()));
-    p.mask.dense = broadcast_mask(m, {p.batch, p.num_heads_q, p.q_len, p.kv_len}, p.unbatched);
-    p.mask.dense_kind =
-        m.dtype() == DType::kBool ? DenseMaskKind::kBoolKeep : DenseMaskKind::kAdditive;
+    lower_bias(opt.attn_mask.bias(), p);
   }
-  if (opt.is_causal) p.mask.band = DiagonalBand{DiagonalAlignment::kTopLeft, std::nullopt, 0};
+  if (opt.is_causal) p.mask.bands.push_back(DiagonalBand{DiagonalAlignment::kTopLeft, std::nullopt, 0});
 
   if (opt.dropout_p > 0.0) {
     p.dropout.p = opt.dropout_p;
@@ -123,9 +129,10 @@ AttentionParams make_params(const Tensor& q_in, const Tensor& k_in, const Tensor
     }
   }
   if (opt.attn_mask_requires_grad) {
-    SDPA_CHECK(p.mask.dense_kind == DenseMaskKind::kAdditive,
-               "attn_mask_requires_grad: expected a float attn_mask, got ",
-               opt.attn_mask.defined() ? opt.attn_mask.describe() : std::string("no mask"));
+    SDPA_CHECK(opt.attn_mask.tensor().defined() &&
+                   p.mask.dense_kind == DenseMaskKind::kAdditive,
+               "attn_mask_requires_grad: expected a float attn_mask tensor, got ",
+               opt.attn_mask.describe());
     p.attn_mask_requires_grad = true;
   }
   p.deterministic = are_deterministic_algorithms_enabled();

@@ -53,6 +53,14 @@ Explanation explain(const AttentionParams& params) {
     if (!v.allowed) r.add("disabled (not allowed by the active sdpa_kernel guard or enable flags)");
     v.supported = detail::run_checks(detail::backend_impl(b), params, r);
     v.reasons = std::move(r.items);
+    if (params.bias) {
+      const bool dense = params.bias->needs_materialization() ||
+                         params.mask.dense_kind != DenseMaskKind::kNone;
+      const bool native = detail::backend_impl(b).native_bias && !params.bias->needs_materialization();
+      v.bias_handling = std::string(native ? "native" : "materialized") +
+                        (dense && native ? " (dense tensor)" : "") + ": " +
+                        params.bias->describe();
+    }
     if (e.chosen == SDPBackend::ERROR && v.allowed && v.supported) e.chosen = b;
     e.verdicts.push_back(std::move(v));
   }
@@ -65,11 +73,12 @@ std::string Explanation::to_string() const {
   for (const BackendVerdict& v : verdicts) {
     os << backend_name(v.backend);
     if (v.allowed && v.supported) {
-      os << (v.backend == chosen ? ": supported (chosen)" : ": supported") << '\n';
-      continue;
+      os << (v.backend == chosen ? ": supported (chosen)" : ": supported");
+    } else {
+      os << " is not supported because:";
+      for (const std::string& reason : v.reasons) os << "\n  - " << reason;
     }
-    os << " is not supported because:";
-    for (const std::string& reason : v.reasons) os << "\n  - " << reason;
+    if (!v.bias_handling.empty()) os << "\n  attn_mask: " << v.bias_handling;
     os << '\n';
   }
   return os.str();
