@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -11,6 +12,11 @@
 #include "sdpa/tensor.h"
 
 namespace sdpa {
+
+namespace flex {
+class Program;
+struct BlockMask;
+}  // namespace flex
 
 /// Where a band's diagonal sits when q_len != kv_len (cuDNN's diagonal alignment;
 /// PyTorch's CausalVariant UPPER_LEFT / LOWER_RIGHT).
@@ -49,6 +55,10 @@ struct MaskDescriptor {
   /// ALiBi: adds -alibi_slopes[h] * |i + d - j| (d from alibi_alignment, sequence frame).
   std::vector<float> alibi_slopes;
   DiagonalAlignment alibi_alignment = DiagonalAlignment::kBottomRight;
+  /// Flex attention: score_mod rewrites the scaled scores (after the additive terms
+  /// above); a BlockMask skips empty blocks and evaluates its mask_mod on partial ones.
+  std::shared_ptr<const flex::Program> score_mod;
+  std::shared_ptr<const flex::BlockMask> block_mask;
   DenseMaskKind dense_kind = DenseMaskKind::kNone;
   /// [B, Hq, L, S] view (zero strides where broadcast): bool (true = take part) or
   /// additive in the query dtype. Undefined when dense_kind == kNone.
@@ -57,7 +67,7 @@ struct MaskDescriptor {
   bool has_documents() const { return !cu_seqlens_q.empty(); }
   bool empty() const {
     return bands.empty() && !has_documents() && kv_lengths.empty() && alibi_slopes.empty() &&
-           dense_kind == DenseMaskKind::kNone;
+           !score_mod && !block_mask && dense_kind == DenseMaskKind::kNone;
   }
 };
 

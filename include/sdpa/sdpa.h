@@ -53,6 +53,9 @@ struct AttentionGradients {
   Tensor grad_v;          ///< [B, Hkv, S, Ev]
   Tensor grad_attn_mask;  ///< the attn_mask's shape (summed over broadcast dimensions);
                           ///< undefined unless attn_mask_requires_grad
+  /// flex_attention only: gradients of the score_mod's captured tensors, in
+  /// Program::captured() order (undefined for tensors that do not require grad).
+  std::vector<Tensor> grad_captured;
   SDPBackend backend = SDPBackend::ERROR;  ///< The backend that ran.
 };
 

@@ -5,15 +5,22 @@
 #include <iterator>
 #include <vector>
 
+#include "core/parallel.h"
 #include "cpu/flash_backward_tile.h"
 #include "cpu/kernels.h"
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
 
-FlashBackwardScratch::FlashBackwardScratch(int64_t head_dim_qk, int64_t head_dim_vo)
-    : head_dim_qk_padded(round_up(head_dim_qk, kMaxLanes)),
-      head_dim_vo_padded(round_up(std::max<int64_t>(head_dim_vo, 1), kMaxLanes)) {
+FlashBackwardScratch::FlashBackwardScratch(const AttentionParams& params,
+                                           const FlexBackward* flex_grad)
+    : head_dim_qk_padded(round_up(params.head_dim_qk, kMaxLanes)),
+      head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kMaxLanes)),
+      flex(params.mask, kBlockKv) {
+  if (flex_grad) {
+    grad_rows.emplace(*flex_grad->program.program, flex_grad->program.captured, kBlockKv);
+  }
+  const int64_t head_dim_qk = params.head_dim_qk, head_dim_vo = params.head_dim_vo;
   const int64_t e_pad = head_dim_qk_padded, ev_pad = head_dim_vo_padded;
   const int64_t sizes[] = {kBlockQ * e_pad,           kBlockQ * ev_pad,
                            head_dim_qk * kBlockKv,    kBlockKv * e_pad,
@@ -21,9 +28,10 @@ FlashBackwardScratch::FlashBackwardScratch(int64_t head_dim_qk, int64_t head_dim
                            kBlockQ * kBlockKv,        kBlockKv * kBlockQ,
                            kBlockKv * kBlockQ,        kBlockKv * e_pad,
                            kBlockKv * ev_pad,         kBlockQ * e_pad,
-                           kBlockKv,                  std::max(head_dim_qk, head_dim_vo)};
-  float** slots[] = {&q,       &dout,    &k_t, &k,  &v_t,  &probs, &dscores,
-                     &probs_t, &dscores_t, &dk, &dv, &dq, &keep, &row};
+                           kBlockKv,                  std::max(head_dim_qk, head_dim_vo),
+                           kBlockQ * kBlockKv};
+  float** slots[] = {&q,       &dout,      &k_t, &k,  &v_t,  &probs, &dscores,   &probs_t,
+                     &dscores_t, &dk,      &dv,  &dq, &keep, &row,   &mod_input};
   static_assert(std::size(sizes) == std::size(slots));
   int64_t total = 0;
   for (int64_t s : sizes) total += round_up(s, kMaxLanes);
@@ -64,8 +72,7 @@ Tensor rowsum_dout_out(const AttentionParams& p) {
 
 }  // namespace
 
-void flash_backward(const AttentionParams& p, const Tensor& grad_q, const Tensor& grad_k,
-                    const Tensor& grad_v, const Tensor&) {
+void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
   const FlashBackwardKernels kernels = flash_backward_kernels_for(active_capability());
   const Tensor delta = rowsum_dout_out(p);
   const float* d = delta.data<float>();
@@ -73,24 +80,47 @@ void flash_backward(const AttentionParams& p, const Tensor& grad_q, const Tensor
   const int64_t q_blocks = (p.q_len + kBlockQ - 1) / kBlockQ;
   const int64_t kv_items = p.batch * p.num_heads_kv * kv_blocks;
   const int64_t q_items = p.batch * p.num_heads_q * q_blocks;
+  // Captured-tensor gradients are summed per chunk of consecutive q items; each chunk runs
+  // on one thread in item order (flex/captured_grads.h).
+  const int64_t chunks = flex::CapturedGrads::num_chunks(q_items);
+  std::optional<FlexBackward> flex_grad;
+  if (p.mask.score_mod) {
+    flex_grad.emplace(FlexBackward{flex::differentiate(*p.mask.score_mod), std::nullopt});
+    flex_grad->captured.emplace(flex_grad->program, p.mask.score_mod->captured(), chunks);
+  }
+  FlexBackward* fg = flex_grad ? &*flex_grad : nullptr;
   // Every item writes disjoint rows and sums in a fixed order, so results are
   // bit-identical for any thread count.
+  detail::ParallelErrors errors;
 #pragma omp parallel
   {
-    FlashBackwardScratch scratch(p.head_dim_qk, p.head_dim_vo);
+    FlashBackwardScratch scratch(p, fg);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < kv_items; ++item) {
-      const int64_t jb = item % kv_blocks, bh = item / kv_blocks;
-      kernels.kv_block(p, d, bh / p.num_heads_kv, bh % p.num_heads_kv, jb * kBlockKv, scratch,
-                       grad_k, grad_v);
+      try {
+        const int64_t jb = item % kv_blocks, bh = item / kv_blocks;
+        kernels.kv_block(p, d, fg, bh / p.num_heads_kv, bh % p.num_heads_kv, jb * kBlockKv,
+                         scratch, out.grad_k, out.grad_v);
+      } catch (...) {
+        errors.capture();
+      }
     }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < q_items; ++item) {
-      const int64_t qb = item % q_blocks, bh = item / q_blocks;
-      kernels.q_block(p, d, bh / p.num_heads_q, bh % p.num_heads_q, qb * kBlockQ, scratch,
-                      grad_q);
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      try {
+        for (int64_t item = chunk * q_items / chunks; item < (chunk + 1) * q_items / chunks;
+             ++item) {
+          const int64_t qb = item % q_blocks, bh = item / q_blocks;
+          kernels.q_block(p, d, fg, chunk, bh / p.num_heads_q, bh % p.num_heads_q,
+                          qb * kBlockQ, scratch, out.grad_q);
+        }
+      } catch (...) {
+        errors.capture();
+      }
     }
   }
+  errors.rethrow();
+  if (fg && fg->captured->active()) out.grad_captured = fg->captured->finish();
 }
 
 }  // namespace sdpa::cpu

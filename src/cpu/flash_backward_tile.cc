@@ -21,14 +21,43 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 namespace {
 
+// dscore (w.r.t. the score_mod's output) becomes the gradient w.r.t. its input; with
+// chunk >= 0 the captured tensors' gradients dscore * d(score_mod)/d(read) are scattered
+// to that chunk. Lanes with dscore == 0 (masked, dropped) contribute nothing.
+void ChainThroughScoreMod(FlexBackward& fg, int64_t chunk, int64_t b, int64_t h, int64_t i,
+                          int64_t kv_begin, int64_t cols, const float* mod_input, float* dscore,
+                          FlashBackwardScratch& ws) {
+  flex::RowBuffers& rows = *ws.grad_rows;
+  flex::HWY_NAMESPACE::EvaluateRow(rows, mod_input, b, h, i, kv_begin, cols);
+  const flex::GradientProgram& g = fg.program;
+  if (chunk >= 0) {
+    for (size_t r = 0; r < g.reads.size(); ++r) {
+      const float* adjoint = rows.floats(g.reads[r].adjoint);
+      for (int64_t j = 0; j < cols; ++j) {
+        if (dscore[j] == 0.0f) continue;
+        int64_t index[8];
+        for (size_t dim = 0; dim < g.reads[r].indices.size(); ++dim) {
+          index[dim] = rows.ints(g.reads[r].indices[dim])[j];
+        }
+        fg.captured->add(chunk, r, index,
+                         static_cast<double>(dscore[j]) * static_cast<double>(adjoint[j]));
+      }
+    }
+  }
+  const float* d_score = rows.floats(g.d_score);
+  for (int64_t j = 0; j < cols; ++j) dscore[j] = dscore[j] == 0.0f ? 0.0f : dscore[j] * d_score[j];
+}
+
 // For q rows [q_begin, q_begin + rows) of head h against key tile [kv_begin, +cols),
 // with ws.q / ws.dout / ws.k_t / ws.v_t packed, leaves
 //   ws.probs   = P o Z (dropped, rescaled probabilities: what multiplied v),
-//   ws.dscores = dS = P o (Z o dP - D)  (the gradient of the scaled, masked scores).
-// Masked and padding columns and fully masked rows get zeros in both.
-void ProbsAndScoreGrads(const AttentionParams& p, const float* delta, int64_t b, int64_t h,
-                        int64_t q_begin, int64_t rows, int64_t kv_begin, int64_t cols,
-                        FlashBackwardScratch& ws) {
+//   ws.dscores = dS = P o (Z o dP - D)  (the gradient of the scaled, masked scores,
+//                times d(score_mod)/d(score) for flex calls).
+// Masked and padding columns and fully masked rows get zeros in both. With chunk >= 0,
+// also adds the flex captured-tensor gradients of these elements to that chunk.
+void ProbsAndScoreGrads(const AttentionParams& p, const float* delta, FlexBackward* flex_grad,
+                        int64_t chunk, int64_t b, int64_t h, int64_t q_begin, int64_t rows,
+                        int64_t kv_begin, int64_t cols, FlashBackwardScratch& ws) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t L = p.q_len, S = p.kv_len;
@@ -50,7 +79,8 @@ void ProbsAndScoreGrads(const AttentionParams& p, const float* delta, int64_t b,
       std::fill(dscore, dscore + kBlockKv, 0.0f);
       continue;
     }
-    MaskScoreRow(p, dense, b, h, i, kv_begin, cols, prob);
+    float* mod_input = ws.mod_input + r * kBlockKv;
+    MaskScoreRow(p, dense, &ws.flex, b, h, i, kv_begin, cols, prob, mod_input);
     const auto vlse = hn::Set(d, row_lse);
     const auto vdelta = hn::Set(d, delta[row0 + i]);
     if (p.has_dropout()) {
@@ -70,6 +100,8 @@ void ProbsAndScoreGrads(const AttentionParams& p, const float* delta, int64_t b,
       hn::StoreU(hn::Mul(pr, hn::Sub(dp, vdelta)), d, dscore + j);
       hn::StoreU(pr_dropped, d, prob + j);
     }
+    if (flex_grad) ChainThroughScoreMod(*flex_grad, chunk, b, h, i, kv_begin, cols, mod_input,
+                                        dscore, ws);
   }
 }
 
@@ -91,9 +123,9 @@ void PackQueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t q_be
 
 }  // namespace
 
-void FlashKvBlockBackward(const AttentionParams& p, const float* delta, int64_t b, int64_t hk,
-                          int64_t kv_begin, FlashBackwardScratch& ws, const Tensor& grad_k,
-                          const Tensor& grad_v) {
+void FlashKvBlockBackward(const AttentionParams& p, const float* delta, FlexBackward* flex_grad,
+                          int64_t b, int64_t hk, int64_t kv_begin, FlashBackwardScratch& ws,
+                          const Tensor& grad_k, const Tensor& grad_v) {
   const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
   const int64_t e_pad = ws.head_dim_qk_padded, ev_pad = ws.head_dim_vo_padded;
   PackTransposed(RowView(p.k, b, hk), kv_begin, cols, p.head_dim_qk, ws.k_t, ws.row);
@@ -103,10 +135,10 @@ void FlashKvBlockBackward(const AttentionParams& p, const float* delta, int64_t 
   for (int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
     for (int64_t q_begin = 0; q_begin < p.q_len; q_begin += kBlockQ) {
       const int64_t rows = std::min(kBlockQ, p.q_len - q_begin);
-      const KvTileRange tiles = VisibleKvTiles(p, b, q_begin, q_begin + rows);
+      const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
       if (kv_begin < tiles.first || kv_begin >= tiles.end) continue;
       PackQueryBlock(p, b, h, q_begin, rows, ws);
-      ProbsAndScoreGrads(p, delta, b, h, q_begin, rows, kv_begin, cols, ws);
+      ProbsAndScoreGrads(p, delta, flex_grad, -1, b, h, q_begin, rows, kv_begin, cols, ws);
       TransposeTile(ws.probs, rows, cols, ws.probs_t);
       TransposeTile(ws.dscores, rows, cols, ws.dscores_t);
       // dV += (P o Z)^T dO;  dK += dS^T (q * scale).
@@ -121,21 +153,22 @@ void FlashKvBlockBackward(const AttentionParams& p, const float* delta, int64_t 
   }
 }
 
-void FlashQBlockBackward(const AttentionParams& p, const float* delta, int64_t b, int64_t h,
-                         int64_t q_begin, FlashBackwardScratch& ws, const Tensor& grad_q) {
+void FlashQBlockBackward(const AttentionParams& p, const float* delta, FlexBackward* flex_grad,
+                         int64_t chunk, int64_t b, int64_t h, int64_t q_begin,
+                         FlashBackwardScratch& ws, const Tensor& grad_q) {
   const int64_t rows = std::min(kBlockQ, p.q_len - q_begin);
   const int64_t e_pad = ws.head_dim_qk_padded;
   const int64_t hk = h / p.group_size();
   const RowView k_rows(p.k, b, hk), v_rows(p.v, b, hk);
   PackQueryBlock(p, b, h, q_begin, rows, ws);
   std::fill(ws.dq, ws.dq + rows * e_pad, 0.0f);
-  const KvTileRange tiles = VisibleKvTiles(p, b, q_begin, q_begin + rows);
+  const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
   for (int64_t kv_begin = tiles.first; kv_begin < tiles.end; kv_begin += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
     PackTransposed(k_rows, kv_begin, cols, p.head_dim_qk, ws.k_t, ws.row);
     PackRows(k_rows, kv_begin, cols, p.head_dim_qk, e_pad, ws.k);
     PackTransposed(v_rows, kv_begin, cols, p.head_dim_vo, ws.v_t, ws.row);
-    ProbsAndScoreGrads(p, delta, b, h, q_begin, rows, kv_begin, cols, ws);
+    ProbsAndScoreGrads(p, delta, flex_grad, chunk, b, h, q_begin, rows, kv_begin, cols, ws);
     Gemm(rows, e_pad, cols, ws.dscores, kBlockKv, ws.k, e_pad, ws.dq, e_pad, true);  // dQ += dS K
   }
   const RowView dq_rows(grad_q, b, h);

@@ -3,9 +3,12 @@
 // memory one thread reuses across blocks.
 
 #include <cstdint>
+#include <optional>
 
 #include "cpu/capability.h"
 #include "cpu/flash_tile.h"
+#include "flex/autodiff.h"
+#include "flex/captured_grads.h"
 #include "sdpa/params.h"
 
 namespace sdpa::cpu {
@@ -15,8 +18,15 @@ namespace sdpa::cpu {
 ///   k [kBlockKv, E_pad], v_t [Ev, kBlockKv], probs / dscores [kBlockQ, kBlockKv],
 ///   probs_t / dscores_t [kBlockKv, kBlockQ], dk / dv [kBlockKv, E_pad / Ev_pad],
 ///   dq [kBlockQ, E_pad], keep [kBlockKv], row [max(E, Ev)].
+/// The derivative of a flex score_mod and the accumulator of its captured tensors'
+/// gradients, shared by all threads of one backward call.
+struct FlexBackward {
+  flex::GradientProgram program;
+  std::optional<flex::CapturedGrads> captured;
+};
+
 struct FlashBackwardScratch {
-  FlashBackwardScratch(int64_t head_dim_qk, int64_t head_dim_vo);
+  FlashBackwardScratch(const AttentionParams& params, const FlexBackward* flex_grad);
   FlashBackwardScratch(const FlashBackwardScratch&) = delete;
   FlashBackwardScratch& operator=(const FlashBackwardScratch&) = delete;
 
@@ -24,6 +34,9 @@ struct FlashBackwardScratch {
   int64_t head_dim_vo_padded;
   float *q, *dout, *k_t, *k, *v_t, *probs, *dscores, *probs_t, *dscores_t;
   float *dk, *dv, *dq, *keep, *row;
+  float* mod_input;  // [kBlockQ, kBlockKv]: scores as score_mod saw them
+  flex::RowState flex;
+  std::optional<flex::RowBuffers> grad_rows;  // evaluates FlexBackward::program
 
  private:
   Tensor buffer_;
@@ -32,12 +45,15 @@ struct FlashBackwardScratch {
 /// Pass 1: grad_k / grad_v rows [kv_begin, kv_begin + kBlockKv) of kv head `hk`, summed
 /// over the query heads of its group. `delta` is rowsum(dO o O), float32 [B, Hq, L].
 using FlashKvBlockBackwardFn = void (*)(const AttentionParams& params, const float* delta,
-                                        int64_t b, int64_t hk, int64_t kv_begin,
+                                        FlexBackward* flex_grad, int64_t b, int64_t hk,
+                                        int64_t kv_begin,
                                         FlashBackwardScratch& scratch, const Tensor& grad_k,
                                         const Tensor& grad_v);
-/// Pass 2: grad_q rows [q_begin, q_begin + kBlockQ) of head `h`.
+/// Pass 2: grad_q rows [q_begin, q_begin + kBlockQ) of head `h`; captured-tensor
+/// gradients go to `chunk` of flex_grad->captured.
 using FlashQBlockBackwardFn = void (*)(const AttentionParams& params, const float* delta,
-                                       int64_t b, int64_t h, int64_t q_begin,
+                                       FlexBackward* flex_grad, int64_t chunk, int64_t b,
+                                       int64_t h, int64_t q_begin,
                                        FlashBackwardScratch& scratch, const Tensor& grad_q);
 
 struct FlashBackwardKernels {

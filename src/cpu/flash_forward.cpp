@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <iterator>
 
+#include "core/parallel.h"
 #include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
 
 namespace sdpa::cpu {
 
-FlashScratch::FlashScratch(int64_t head_dim_qk, int64_t head_dim_vo)
-    : head_dim_vo_padded(round_up(std::max<int64_t>(head_dim_vo, 1), kMaxLanes)) {
+FlashScratch::FlashScratch(const AttentionParams& params)
+    : head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kMaxLanes)),
+      flex(params.mask, kBlockKv) {
+  const int64_t head_dim_qk = params.head_dim_qk, head_dim_vo = params.head_dim_vo;
   const int64_t sizes[] = {kBlockQ * head_dim_qk,       head_dim_qk * kBlockKv,
                            kBlockKv * head_dim_vo_padded, kBlockQ * kBlockKv,
                            kBlockQ * head_dim_vo_padded, kBlockQ,
@@ -35,16 +38,22 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   if (items == 0) return;
   // One work item per (batch, head, q-block); dynamic scheduling balances causal masks,
   // whose later q-blocks see more keys.
+  detail::ParallelErrors errors;
 #pragma omp parallel
   {
-    FlashScratch scratch(p.head_dim_qk, p.head_dim_vo);
+    FlashScratch scratch(p);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
-      const int64_t qb = item % q_blocks;
-      const int64_t bh = item / q_blocks;
-      q_block(p, bh / p.num_heads_q, bh % p.num_heads_q, qb * kBlockQ, scratch, out, lse);
+      try {
+        const int64_t qb = item % q_blocks;
+        const int64_t bh = item / q_blocks;
+        q_block(p, bh / p.num_heads_q, bh % p.num_heads_q, qb * kBlockQ, scratch, out, lse);
+      } catch (...) {
+        errors.capture();
+      }
     }
   }
+  errors.rethrow();
 }
 
 }  // namespace sdpa::cpu

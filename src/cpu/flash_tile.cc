@@ -71,7 +71,7 @@ void FlashQBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t q_begin
   std::fill(ws.row_sum, ws.row_sum + rows, 0.0f);
 
   // Key tiles outside every row's band are never visited.
-  const KvTileRange tiles = VisibleKvTiles(p, b, q_begin, q_begin + rows);
+  const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
   for (int64_t j0 = tiles.first; j0 < tiles.end; j0 += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, S - j0);
     PackTransposed(k_rows, j0, cols, E, ws.k_t, ws.row);
@@ -82,7 +82,7 @@ void FlashQBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t q_begin
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = q_begin + r;
       float* s = ws.scores + r * kBlockKv;
-      MaskScoreRow(p, dense, b, h, i, j0, cols, s);
+      MaskScoreRow(p, dense, &ws.flex, b, h, i, j0, cols, s);
       const float alpha = SoftmaxRowUpdate(s, ws.row_max[r], ws.row_sum[r]);
       if (alpha != 1.0f) ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha);
       if (p.has_dropout()) {

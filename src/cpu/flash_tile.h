@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cpu/capability.h"
+#include "flex/row_state.h"
 #include "sdpa/params.h"
 
 namespace sdpa::cpu {
@@ -23,7 +24,7 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 ///   scores [kBlockQ, kBlockKv], acc [kBlockQ, Ev_pad], row_max / row_sum [kBlockQ],
 ///   row [max(E, Ev)] (one converted input row).
 struct FlashScratch {
-  FlashScratch(int64_t head_dim_qk, int64_t head_dim_vo);
+  explicit FlashScratch(const AttentionParams& params);
   ~FlashScratch();
   FlashScratch(const FlashScratch&) = delete;
   FlashScratch& operator=(const FlashScratch&) = delete;
@@ -37,6 +38,8 @@ struct FlashScratch {
   float* row_max;
   float* row_sum;
   float* row;
+  /// Flex program buffers and BlockMask lookup (inactive without flex).
+  flex::RowState flex;
 
  private:
   Tensor buffer_;

@@ -2,6 +2,7 @@
 // CPU attention kernels. Each writes out [B, Hq, L, Ev] (contiguous, params.dtype) and
 // lse [B, Hq, L] (contiguous float32) completely.
 
+#include "dispatch/kernel_io.h"
 #include "sdpa/params.h"
 
 namespace sdpa::cpu {
@@ -16,18 +17,14 @@ void math_forward(const AttentionParams& params, const Tensor& out, const Tensor
 /// (batch, head, q-block). float32/bfloat16/float16 inputs, float32 compute.
 void flash_forward(const AttentionParams& params, const Tensor& out, const Tensor& lse);
 
-/// Backward kernels read params.grad_out/out/lse and write grad_q [B, Hq, L, E],
-/// grad_k [B, Hkv, S, E], grad_v [B, Hkv, S, Ev] (contiguous, params.dtype) and, when
-/// defined, grad_mask [B, Hq, L, S] (the gradient of the additive mask).
+/// Backward kernels read params.grad_out/out/lse and write `outputs` (kernel_io.h).
 ///
 /// MATH backward: probabilities recomputed per row; the reference for FLASH.
-void math_backward(const AttentionParams& params, const Tensor& grad_q, const Tensor& grad_k,
-                   const Tensor& grad_v, const Tensor& grad_mask);
+void math_backward(const AttentionParams& params, detail::BackwardOutputs& outputs);
 
 /// FLASH backward on CPU: FlashAttention-2's backward with P recomputed from lse tile by
 /// tile, never materializing L x S. Two passes keep it deterministic without atomics:
 /// dK/dV parallel over (batch, kv head, kv block), then dQ over (batch, head, q block).
-void flash_backward(const AttentionParams& params, const Tensor& grad_q, const Tensor& grad_k,
-                    const Tensor& grad_v, const Tensor& grad_mask);
+void flash_backward(const AttentionParams& params, detail::BackwardOutputs& outputs);
 
 }  // namespace sdpa::cpu

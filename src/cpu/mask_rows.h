@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/element_access.h"
+#include "flex/row_state.h"
 #include "sdpa/params.h"
 
 namespace sdpa::cpu {
@@ -110,6 +111,8 @@ class DenseMaskRows {
   }
 
   bool active() const { return kind_ != DenseMaskKind::kNone; }
+  bool additive() const { return kind_ == DenseMaskKind::kAdditive; }
+  bool keep_mask() const { return kind_ == DenseMaskKind::kBoolKeep; }
 
   /// Applies the mask to scores s[0, n) = columns [col, col + n) of query row i:
   /// bool false -> -inf, float -> added.
@@ -137,21 +140,43 @@ class DenseMaskRows {
   int64_t stride_col_ = 0;
 };
 
-/// Applies every part of the mask to a full score row s[0, kv_len) of (b, h, i): keys
-/// outside row_columns become -inf, then the dense mask and ALiBi apply. The scalar form
-/// used by MATH; the flash kernels do the same per tile (tile_ops-inl.h).
+/// Applies every part of the mask to a full score row s[0, kv_len) of (b, h, i), in the
+/// order FLASH uses per tile (tile_ops-inl.h): additive terms (dense float mask, ALiBi),
+/// then the flex score_mod, then the masks (row interval, dense bool mask, BlockMask and
+/// its mask_mod). The scalar float64-capable form used by MATH.
+/// `mod_input`, when non-null, receives the row as score_mod sees it (for the backward).
 template <typename T>
-void mask_score_row(const MaskDescriptor& mask, const DenseMaskRows& dense, int64_t b, int64_t h,
-                    int64_t i, int64_t q_len, int64_t kv_len, T* s) {
+void mask_score_row(const MaskDescriptor& mask, const DenseMaskRows& dense,
+                    flex::RowState* flex_state, int64_t b, int64_t h, int64_t i, int64_t q_len,
+                    int64_t kv_len, T* s, T* mod_input = nullptr) {
   const ColumnRange keep = row_columns(mask, b, i, q_len, kv_len);
   const T neg_inf = -std::numeric_limits<T>::infinity();
+  if (dense.additive()) dense.apply(i, keep.begin, keep.end - keep.begin, s + keep.begin);
+  const AlibiRow alibi = alibi_row(mask, h, i, q_len, kv_len);
+  if (alibi.active) {
+    for (int64_t j = keep.begin; j < keep.end; ++j) {
+      s[j] -= static_cast<T>(alibi.slope) * static_cast<T>(std::abs(alibi.center - j));
+    }
+  }
+  if (mod_input) std::copy(s, s + kv_len, mod_input);
+  if (flex_state && flex_state->score_mod) {
+    flex::ScalarEvaluator& eval = flex_state->score_mod->scalar;
+    for (int64_t j = keep.begin; j < keep.end; ++j) {
+      s[j] = static_cast<T>(eval.run(static_cast<double>(s[j]), b, h, i, j));
+    }
+  }
   for (int64_t j = 0; j < keep.begin; ++j) s[j] = neg_inf;
   for (int64_t j = keep.end; j < kv_len; ++j) s[j] = neg_inf;
-  dense.apply(i, keep.begin, keep.end - keep.begin, s + keep.begin);
-  const AlibiRow alibi = alibi_row(mask, h, i, q_len, kv_len);
-  if (!alibi.active) return;
-  for (int64_t j = keep.begin; j < keep.end; ++j) {
-    s[j] -= static_cast<T>(alibi.slope) * static_cast<T>(std::abs(alibi.center - j));
+  if (dense.keep_mask()) dense.apply(i, keep.begin, keep.end - keep.begin, s + keep.begin);
+  if (flex_state && flex_state->blocks.active()) {
+    const int64_t bs = flex_state->blocks.kv_block_size();
+    for (int64_t j = keep.begin; j < keep.end; ++j) {
+      const flex::BlockState st = flex_state->blocks.state(b, h, i, j / bs);
+      const bool kept = st == flex::BlockState::kFull ||
+                        (st == flex::BlockState::kPartial &&
+                         (!flex_state->mask_mod || flex_state->mask_mod->scalar.run(0.0, b, h, i, j) != 0.0));
+      if (!kept) s[j] = neg_inf;
+    }
   }
 }
 

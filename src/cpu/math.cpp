@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "core/parallel.h"
+#include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_rows.h"
 #include "cpu/philox.h"
@@ -13,63 +15,88 @@
 namespace sdpa::cpu {
 namespace {
 
+// One thread's buffers: k and v of the current kv head, one score row, one output row.
 template <typename Acc>
-void math_forward_typed(const AttentionParams& p, const Tensor& out, const Tensor& lse) {
+struct MathBuffers {
+  MathBuffers(const AttentionParams& p)
+      : q(p.head_dim_qk),
+        k(p.kv_len * p.head_dim_qk),
+        v(p.kv_len * p.head_dim_vo),
+        scores(p.kv_len),
+        o(p.head_dim_vo),
+        flex(p.mask, kMaxLanes) {}
+  std::vector<Acc> q, k, v, scores, o;
+  flex::RowState flex;
+};
+
+// Rows of out and lse for one (batch, query head).
+template <typename Acc>
+void forward_head(const AttentionParams& p, int64_t b, int64_t h, MathBuffers<Acc>& buf,
+                  const Tensor& out, float* lse) {
   const int64_t L = p.q_len, S = p.kv_len, E = p.head_dim_qk, Ev = p.head_dim_vo;
   const Acc scale = static_cast<Acc>(p.scale);
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
-  float* lse_data = lse.data<float>();
+  const int64_t hk = h / p.group_size();
+  const RowView q_rows(p.q, b, h), k_rows(p.k, b, hk), v_rows(p.v, b, hk);
+  const RowView out_rows(out, b, h);
+  const DenseMaskRows dense(p.mask, b, h);
+  for (int64_t j = 0; j < S; ++j) {
+    k_rows.load(j, buf.k.data() + j * E);
+    v_rows.load(j, buf.v.data() + j * Ev);
+  }
+  for (int64_t i = 0; i < L; ++i) {
+    q_rows.load(i, buf.q.data());
+    Acc* s = buf.scores.data();
+    for (int64_t j = 0; j < S; ++j) {
+      Acc dot = 0;
+      for (int64_t e = 0; e < E; ++e) dot += buf.q[e] * buf.k[j * E + e];
+      s[j] = dot * scale;
+    }
+    mask_score_row(p.mask, dense, &buf.flex, b, h, i, L, S, s);
+    Acc max = neg_inf;
+    for (int64_t j = 0; j < S; ++j) max = std::max(max, s[j]);
+    const int64_t row = (b * p.num_heads_q + h) * L + i;
+    std::fill(buf.o.begin(), buf.o.end(), Acc(0));
+    if (max == neg_inf) {  // fully masked row: zeros and lse = -inf
+      lse[row] = -std::numeric_limits<float>::infinity();
+      out_rows.store(i, buf.o.data());
+      continue;
+    }
+    Acc sum = 0;
+    for (int64_t j = 0; j < S; ++j) {
+      s[j] = std::exp(s[j] - max);
+      sum += s[j];
+    }
+    lse[row] = static_cast<float>(max + std::log(sum));
+    for (int64_t j = 0; j < S; ++j) s[j] /= sum;
+    if (p.has_dropout()) {
+      DropoutStream(p.dropout.philox, p.dropout.p).apply(static_cast<uint64_t>(row * S), s, S);
+    }
+    for (int64_t j = 0; j < S; ++j) {
+      for (int64_t e = 0; e < Ev; ++e) buf.o[e] += s[j] * buf.v[j * Ev + e];
+    }
+    out_rows.store(i, buf.o.data());
+  }
+}
+
+template <typename Acc>
+void math_forward_typed(const AttentionParams& p, const Tensor& out, const Tensor& lse) {
+  detail::ParallelErrors errors;
 #pragma omp parallel
   {
-    std::vector<Acc> q(E), k(S * E), v(S * Ev), scores(S), o(Ev);
+    MathBuffers<Acc> buf(p);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < p.batch; ++b) {
       for (int64_t h = 0; h < p.num_heads_q; ++h) {
-        const int64_t hk = h / p.group_size();
-        const RowView q_rows(p.q, b, h), k_rows(p.k, b, hk), v_rows(p.v, b, hk);
-        const RowView out_rows(out, b, h);
-        const DenseMaskRows dense(p.mask, b, h);
-        for (int64_t j = 0; j < S; ++j) {
-          k_rows.load(j, k.data() + j * E);
-          v_rows.load(j, v.data() + j * Ev);
-        }
-        for (int64_t i = 0; i < L; ++i) {
-          q_rows.load(i, q.data());
-          for (int64_t j = 0; j < S; ++j) {
-            Acc dot = 0;
-            for (int64_t e = 0; e < E; ++e) dot += q[e] * k[j * E + e];
-            scores[j] = dot * scale;
-          }
-          mask_score_row(p.mask, dense, b, h, i, L, S, scores.data());
-          Acc max = neg_inf;
-          for (int64_t j = 0; j < S; ++j) max = std::max(max, scores[j]);
-          const int64_t row = (b * p.num_heads_q + h) * L + i;
-          std::fill(o.begin(), o.end(), Acc(0));
-          if (max == neg_inf) {  // fully masked row: zeros and lse = -inf
-            lse_data[row] = -std::numeric_limits<float>::infinity();
-            out_rows.store(i, o.data());
-            continue;
-          }
-          Acc sum = 0;
-          for (int64_t j = 0; j < S; ++j) {
-            scores[j] = std::exp(scores[j] - max);
-            sum += scores[j];
-          }
-          lse_data[row] = static_cast<float>(max + std::log(sum));
-          for (int64_t j = 0; j < S; ++j) scores[j] /= sum;
-          if (p.has_dropout()) {
-            DropoutStream(p.dropout.philox, p.dropout.p)
-                .apply(static_cast<uint64_t>(row * S), scores.data(), S);
-          }
-          for (int64_t j = 0; j < S; ++j) {
-            const Acc w = scores[j];
-            for (int64_t e = 0; e < Ev; ++e) o[e] += w * v[j * Ev + e];
-          }
-          out_rows.store(i, o.data());
+        try {
+          forward_head(p, b, h, buf, out, lse.data<float>());
+        } catch (...) {
+          errors.capture();
         }
       }
     }
   }
+  errors.rethrow();
 }
 
 }  // namespace

@@ -1,107 +1,166 @@
-// MATH backward: the obvious gradient of softmax(q k^T * scale + mask) (dropout) v, row
-// by row with the probabilities recomputed from scratch. The reference for FLASH.
+// MATH backward: the obvious gradient of softmax(mods(q k^T * scale)) (dropout) v, row by
+// row with the probabilities recomputed from scratch. The reference for FLASH.
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
+#include "core/parallel.h"
+#include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_rows.h"
 #include "cpu/philox.h"
 #include "cpu/rows.h"
+#include "flex/autodiff.h"
+#include "flex/captured_grads.h"
 
 namespace sdpa::cpu {
 namespace {
 
+// d(score_mod)/d(score) and captured-tensor gradients of a flex call.
+struct FlexGrad {
+  flex::GradientProgram program;
+  std::optional<flex::CapturedGrads> captured;
+};
+
+// One thread's buffers for one (batch, kv head) item.
 template <typename Acc>
-void math_backward_typed(const AttentionParams& p, const Tensor& grad_q, const Tensor& grad_k,
-                         const Tensor& grad_v, const Tensor& grad_mask) {
+struct MathBackwardBuffers {
+  explicit MathBackwardBuffers(const AttentionParams& p, const FlexGrad* grad)
+      : q(p.head_dim_qk), dout(p.head_dim_vo), k(p.kv_len * p.head_dim_qk),
+        v(p.kv_len * p.head_dim_vo), dk(p.kv_len * p.head_dim_qk), dv(p.kv_len * p.head_dim_vo),
+        prob(p.kv_len), raw(p.kv_len), keep(p.kv_len), dprob(p.kv_len), dq(p.head_dim_qk),
+        flex(p.mask, kMaxLanes) {
+    if (grad) grad_eval.emplace(*grad->program.program, grad->program.captured);
+  }
+  std::vector<Acc> q, dout, k, v, dk, dv, prob, raw, keep, dprob, dq;
+  flex::RowState flex;
+  std::optional<flex::ScalarEvaluator> grad_eval;
+};
+
+// Gradients of every query head of kv head hk's group; dK/dV summed over the group.
+template <typename Acc>
+void backward_kv_head(const AttentionParams& p, int64_t b, int64_t hk, int64_t item,
+                      MathBackwardBuffers<Acc>& buf, FlexGrad* grad,
+                      detail::BackwardOutputs& out) {
   const int64_t L = p.q_len, S = p.kv_len, E = p.head_dim_qk, Ev = p.head_dim_vo;
   const Acc scale = static_cast<Acc>(p.scale);
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
-  // Parallel over (batch, kv head): each item owns its dK/dV, so no accumulation races.
-#pragma omp parallel
-  {
-    std::vector<Acc> q(E), dout(Ev), k(S * E), v(S * Ev), dk(S * E), dv(S * Ev);
-    std::vector<Acc> prob(S), keep(S), dprob(S), dq(E);
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < p.batch; ++b) {
-      for (int64_t hk = 0; hk < p.num_heads_kv; ++hk) {
-        const RowView k_rows(p.k, b, hk), v_rows(p.v, b, hk);
-        for (int64_t j = 0; j < S; ++j) {
-          k_rows.load(j, k.data() + j * E);
-          v_rows.load(j, v.data() + j * Ev);
+  const RowView k_rows(p.k, b, hk), v_rows(p.v, b, hk);
+  for (int64_t j = 0; j < S; ++j) {
+    k_rows.load(j, buf.k.data() + j * E);
+    v_rows.load(j, buf.v.data() + j * Ev);
+  }
+  std::fill(buf.dk.begin(), buf.dk.end(), Acc(0));
+  std::fill(buf.dv.begin(), buf.dv.end(), Acc(0));
+  for (int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
+    const RowView q_rows(p.q, b, h), dout_rows(p.grad_out, b, h), dq_rows(out.grad_q, b, h);
+    const DenseMaskRows dense(p.mask, b, h);
+    for (int64_t i = 0; i < L; ++i) {
+      q_rows.load(i, buf.q.data());
+      dout_rows.load(i, buf.dout.data());
+      Acc* prob = buf.prob.data();
+      for (int64_t j = 0; j < S; ++j) {
+        Acc dot = 0;
+        for (int64_t e = 0; e < E; ++e) dot += buf.q[e] * buf.k[j * E + e];
+        prob[j] = dot * scale;
+      }
+      mask_score_row(p.mask, dense, &buf.flex, b, h, i, L, S, prob, buf.raw.data());
+      Acc max = neg_inf;
+      for (int64_t j = 0; j < S; ++j) max = std::max(max, prob[j]);
+      const int64_t row = (b * p.num_heads_q + h) * L + i;
+      std::fill(buf.dq.begin(), buf.dq.end(), Acc(0));
+      Acc* ds = buf.dprob.data();
+      if (max == neg_inf) {  // fully masked row: no gradient flows
+        std::fill(buf.dprob.begin(), buf.dprob.end(), Acc(0));
+      } else {
+        Acc sum = 0;
+        for (int64_t j = 0; j < S; ++j) sum += (prob[j] = std::exp(prob[j] - max));
+        for (int64_t j = 0; j < S; ++j) prob[j] /= sum;
+        std::fill(buf.keep.begin(), buf.keep.end(), Acc(1));
+        if (p.has_dropout()) {
+          DropoutStream(p.dropout.philox, p.dropout.p)
+              .apply(static_cast<uint64_t>(row * S), buf.keep.data(), S);
         }
-        std::fill(dk.begin(), dk.end(), Acc(0));
-        std::fill(dv.begin(), dv.end(), Acc(0));
-        for (int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
-          const RowView q_rows(p.q, b, h), dout_rows(p.grad_out, b, h), dq_rows(grad_q, b, h);
-          const DenseMaskRows dense(p.mask, b, h);
-          for (int64_t i = 0; i < L; ++i) {
-            q_rows.load(i, q.data());
-            dout_rows.load(i, dout.data());
-            for (int64_t j = 0; j < S; ++j) {
-              Acc dot = 0;
-              for (int64_t e = 0; e < E; ++e) dot += q[e] * k[j * E + e];
-              prob[j] = dot * scale;
+        // dP_j = keep_j * (dO . v_j); D = sum_j P_j dP_j = rowsum(dO o O).
+        Acc delta = 0;
+        for (int64_t j = 0; j < S; ++j) {
+          Acc dot = 0;
+          for (int64_t e = 0; e < Ev; ++e) dot += buf.dout[e] * buf.v[j * Ev + e];
+          ds[j] = buf.keep[j] * dot;
+          delta += prob[j] * ds[j];
+        }
+        for (int64_t j = 0; j < S; ++j) {
+          const Acc weight = prob[j] * buf.keep[j];
+          for (int64_t e = 0; e < Ev; ++e) buf.dv[j * Ev + e] += weight * buf.dout[e];
+          ds[j] = prob[j] * (ds[j] - delta);  // dL/d(score after score_mod)
+          if (grad && prob[j] != Acc(0)) {
+            flex::ScalarEvaluator& eval = *buf.grad_eval;
+            eval.run(static_cast<double>(buf.raw[j]), b, h, i, j);
+            const flex::GradientProgram& g = grad->program;
+            for (size_t r = 0; r < g.reads.size(); ++r) {
+              int64_t index[8];
+              for (size_t d = 0; d < g.reads[r].indices.size(); ++d) {
+                index[d] = static_cast<int64_t>(eval.value(g.reads[r].indices[d]));
+              }
+              grad->captured->add(item, r, index,
+                                  static_cast<double>(ds[j]) * eval.value(g.reads[r].adjoint));
             }
-            mask_score_row(p.mask, dense, b, h, i, L, S, prob.data());
-            Acc max = neg_inf;
-            for (int64_t j = 0; j < S; ++j) max = std::max(max, prob[j]);
-            const int64_t row = (b * p.num_heads_q + h) * L + i;
-            std::fill(dq.begin(), dq.end(), Acc(0));
-            if (max == neg_inf) {  // fully masked row: no gradient flows
-              std::fill(dprob.begin(), dprob.end(), Acc(0));
-            } else {
-              Acc sum = 0;
-              for (int64_t j = 0; j < S; ++j) sum += (prob[j] = std::exp(prob[j] - max));
-              for (int64_t j = 0; j < S; ++j) prob[j] /= sum;
-              std::fill(keep.begin(), keep.end(), Acc(1));
-              if (p.has_dropout()) {
-                DropoutStream(p.dropout.philox, p.dropout.p)
-                    .apply(static_cast<uint64_t>(row * S), keep.data(), S);
-              }
-              // dP_j = keep_j * (dO . v_j); D = sum_j P_j dP_j = rowsum(dO o O).
-              Acc delta = 0;
-              for (int64_t j = 0; j < S; ++j) {
-                Acc dot = 0;
-                for (int64_t e = 0; e < Ev; ++e) dot += dout[e] * v[j * Ev + e];
-                dprob[j] = keep[j] * dot;
-                delta += prob[j] * dprob[j];
-              }
-              for (int64_t j = 0; j < S; ++j) {
-                const Acc ds = prob[j] * (dprob[j] - delta);  // dL/d(score_j)
-                const Acc weight = prob[j] * keep[j];
-                for (int64_t e = 0; e < Ev; ++e) dv[j * Ev + e] += weight * dout[e];
-                for (int64_t e = 0; e < E; ++e) {
-                  dk[j * E + e] += scale * ds * q[e];
-                  dq[e] += scale * ds * k[j * E + e];
-                }
-                dprob[j] = ds;
-              }
-            }
-            dq_rows.store(i, dq.data());
-            if (grad_mask.defined()) RowView(grad_mask, b, h).store(i, dprob.data());
+            ds[j] *= static_cast<Acc>(eval.value(g.d_score));  // chain rule through score_mod
+          }
+          for (int64_t e = 0; e < E; ++e) {
+            buf.dk[j * E + e] += scale * ds[j] * buf.q[e];
+            buf.dq[e] += scale * ds[j] * buf.k[j * E + e];
           }
         }
-        const RowView dk_rows(grad_k, b, hk), dv_rows(grad_v, b, hk);
-        for (int64_t j = 0; j < S; ++j) {
-          dk_rows.store(j, dk.data() + j * E);
-          dv_rows.store(j, dv.data() + j * Ev);
-        }
+      }
+      dq_rows.store(i, buf.dq.data());
+      if (out.grad_mask.defined()) RowView(out.grad_mask, b, h).store(i, ds);
+    }
+  }
+  const RowView dk_rows(out.grad_k, b, hk), dv_rows(out.grad_v, b, hk);
+  for (int64_t j = 0; j < S; ++j) {
+    dk_rows.store(j, buf.dk.data() + j * E);
+    dv_rows.store(j, buf.dv.data() + j * Ev);
+  }
+}
+
+template <typename Acc>
+void math_backward_typed(const AttentionParams& p, detail::BackwardOutputs& out) {
+  // Parallel over (batch, kv head): each item owns its dK/dV rows, and captured-tensor
+  // gradients go to the item's own partial buffer (one chunk per item), reduced in order.
+  const int64_t items = p.batch * p.num_heads_kv;
+  std::optional<FlexGrad> grad;
+  if (p.mask.score_mod) {
+    grad.emplace(FlexGrad{flex::differentiate(*p.mask.score_mod), std::nullopt});
+    grad->captured.emplace(grad->program, p.mask.score_mod->captured(), items);
+  }
+  detail::ParallelErrors errors;
+#pragma omp parallel
+  {
+    MathBackwardBuffers<Acc> buf(p, grad ? &*grad : nullptr);
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+      try {
+        backward_kv_head(p, item / p.num_heads_kv, item % p.num_heads_kv, item, buf,
+                         grad ? &*grad : nullptr, out);
+      } catch (...) {
+        errors.capture();
       }
     }
   }
+  errors.rethrow();
+  if (grad && grad->captured->active()) out.grad_captured = grad->captured->finish();
 }
 
 }  // namespace
 
-void math_backward(const AttentionParams& params, const Tensor& grad_q, const Tensor& grad_k,
-                   const Tensor& grad_v, const Tensor& grad_mask) {
+void math_backward(const AttentionParams& params, detail::BackwardOutputs& outputs) {
   if (params.dtype == DType::kFloat64) {
-    math_backward_typed<double>(params, grad_q, grad_k, grad_v, grad_mask);
+    math_backward_typed<double>(params, outputs);
   } else {
-    math_backward_typed<float>(params, grad_q, grad_k, grad_v, grad_mask);
+    math_backward_typed<float>(params, outputs);
   }
 }
 

@@ -15,6 +15,7 @@
 #include "cpu/flash_tile.h"
 #include "cpu/mask_rows.h"
 #include "cpu/rows.h"
+#include "flex/eval_row-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -49,26 +50,50 @@ HWY_INLINE void PackTransposed(const RowView& rows, int64_t first, int64_t count
 }
 
 /// Masks score row s[0, kBlockKv) = columns [j0, j0 + kBlockKv) of query row i of
-/// (b, h): keys outside row_columns (band, document, padding) or past kv_len become -inf
-/// by filling the row's ends (never per element), then the dense mask and ALiBi apply.
-HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dense, int64_t b,
-                             int64_t h, int64_t i, int64_t j0, int64_t cols,
-                             float* HWY_RESTRICT s) {
+/// (b, h), in this order: additive terms (dense float mask, ALiBi), flex score_mod, masks.
+/// Keys outside row_columns (band, document, padding) or past kv_len become -inf by
+/// filling the row's ends (never per element); the dense bool mask and the BlockMask's
+/// partial blocks (mask_mod over SIMD lanes) then mask within; full blocks skip mask_mod.
+/// `mod_input`, when non-null, receives the row as score_mod sees it (for the backward).
+HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dense,
+                             flex::RowState* flex_state, int64_t b, int64_t h, int64_t i,
+                             int64_t j0, int64_t cols, float* HWY_RESTRICT s,
+                             float* HWY_RESTRICT mod_input = nullptr) {
   const ColumnRange keep = row_columns(p.mask, b, i, p.q_len, p.kv_len);
   const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
   const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
+  if (dense.additive()) dense.apply(i, j0 + lo, hi - lo, s + lo);
+  const AlibiRow alibi = alibi_row(p.mask, h, i, p.q_len, p.kv_len);
+  if (alibi.active) {
+    // s[j] -= slope * |j0 + j - center|; lanes outside [lo, hi) are masked below.
+    const hn::ScalableTag<float> d;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    const auto neg_slope = hn::Set(d, -alibi.slope);
+    for (int64_t j = 0; j < kBlockKv; j += lanes) {
+      const auto distance = hn::Abs(hn::Iota(d, static_cast<float>(j0 + j - alibi.center)));
+      hn::StoreU(hn::MulAdd(neg_slope, distance, hn::LoadU(d, s + j)), d, s + j);
+    }
+  }
+  if (mod_input) std::copy(s, s + kBlockKv, mod_input);
+  if (flex_state && flex_state->score_mod && hi > lo) {
+    flex::HWY_NAMESPACE::ApplyScoreMod(*flex_state->score_mod, s + lo, b, h, i, j0 + lo, hi - lo);
+  }
   std::fill(s, s + lo, kNegInf);
   std::fill(s + hi, s + kBlockKv, kNegInf);
-  dense.apply(i, j0 + lo, hi - lo, s + lo);
-  const AlibiRow alibi = alibi_row(p.mask, h, i, p.q_len, p.kv_len);
-  if (!alibi.active) return;
-  // s[j] -= slope * |j0 + j - center|; masked entries stay -inf.
-  const hn::ScalableTag<float> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto neg_slope = hn::Set(d, -alibi.slope);
-  for (int64_t j = 0; j < kBlockKv; j += lanes) {
-    const auto distance = hn::Abs(hn::Iota(d, static_cast<float>(j0 + j - alibi.center)));
-    hn::StoreU(hn::MulAdd(neg_slope, distance, hn::LoadU(d, s + j)), d, s + j);
+  if (dense.keep_mask()) dense.apply(i, j0 + lo, hi - lo, s + lo);
+  if (flex_state && flex_state->blocks.active()) {
+    const int64_t bs = flex_state->blocks.kv_block_size();
+    for (int64_t j = lo; j < hi;) {  // one segment per BlockMask block
+      const int64_t kb = (j0 + j) / bs;
+      const int64_t end = std::min(hi, (kb + 1) * bs - j0);
+      const flex::BlockState st = flex_state->blocks.state(b, h, i, kb);
+      if (st == flex::BlockState::kEmpty) {
+        std::fill(s + j, s + end, kNegInf);
+      } else if (st == flex::BlockState::kPartial && flex_state->mask_mod) {
+        flex::HWY_NAMESPACE::ApplyMaskMod(*flex_state->mask_mod, s + j, b, h, i, j0 + j, end - j);
+      }
+      j = end;
+    }
   }
 }
 
@@ -82,14 +107,18 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
 }
 
 /// The key tiles [first, end) (multiples of kBlockKv from first) that any of query rows
-/// [row_begin, row_end) of batch b can see (band, documents, padding).
+/// [row_begin, row_end) of (b, h) can see (band, documents, padding, BlockMask).
 struct KvTileRange {
   int64_t first = 0;
   int64_t end = 0;
 };
-HWY_INLINE KvTileRange VisibleKvTiles(const AttentionParams& p, int64_t b, int64_t row_begin,
-                                      int64_t row_end) {
-  const ColumnRange span = block_columns(p.mask, b, row_begin, row_end, p.q_len, p.kv_len);
+HWY_INLINE KvTileRange VisibleKvTiles(const AttentionParams& p, flex::RowState* flex_state,
+                                      int64_t b, int64_t h, int64_t row_begin, int64_t row_end) {
+  ColumnRange span = block_columns(p.mask, b, row_begin, row_end, p.q_len, p.kv_len);
+  if (flex_state && flex_state->blocks.active()) {
+    const auto [lo, hi] = flex_state->blocks.columns(b, h, row_begin, row_end);
+    span = {std::max(span.begin, lo), std::min(span.end, hi)};
+  }
   if (span.empty()) return {};
   return {span.begin / kBlockKv * kBlockKv, span.end};
 }

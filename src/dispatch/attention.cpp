@@ -5,10 +5,7 @@
 
 namespace sdpa {
 
-AttentionResult scaled_dot_product_attention_with_lse(const Tensor& q, const Tensor& k,
-                                                      const Tensor& v,
-                                                      const SDPAOptions& options) {
-  const AttentionParams params = make_params(q, k, v, options);
+AttentionResult run_forward(const AttentionParams& params) {
   AttentionResult result;
   result.backend = select_backend(params);
   result.out = Tensor::empty({params.batch, params.num_heads_q, params.q_len, params.head_dim_vo},
@@ -22,6 +19,12 @@ AttentionResult scaled_dot_product_attention_with_lse(const Tensor& q, const Ten
     result.lse = result.lse.squeeze(0);
   }
   return result;
+}
+
+AttentionResult scaled_dot_product_attention_with_lse(const Tensor& q, const Tensor& k,
+                                                      const Tensor& v,
+                                                      const SDPAOptions& options) {
+  return run_forward(make_params(q, k, v, options));
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -41,34 +41,36 @@ Tensor sum_to_mask_shape(const Tensor& full, const Tensor& mask) {
 
 }  // namespace
 
+AttentionGradients run_backward(const AttentionParams& p, const Tensor& attn_mask) {
+  AttentionGradients g;
+  g.backend = select_backend(p);
+  detail::BackwardOutputs outputs;
+  outputs.grad_q = Tensor::empty(p.q.sizes(), p.dtype);
+  outputs.grad_k = Tensor::empty(p.k.sizes(), p.dtype);
+  outputs.grad_v = Tensor::empty(p.v.sizes(), p.dtype);
+  if (p.attn_mask_requires_grad) {
+    outputs.grad_mask = Tensor::empty({p.batch, p.num_heads_q, p.q_len, p.kv_len}, p.dtype);
+  }
+  const detail::BackendImpl& impl = detail::backend_impl(g.backend);
+  impl.backward(impl.native_bias ? p : with_materialized_bias(p), outputs);
+  auto drop_batch = [&](const Tensor& t) { return p.unbatched ? t.squeeze(0) : t; };
+  g.grad_q = drop_batch(outputs.grad_q);
+  g.grad_k = drop_batch(outputs.grad_k);
+  g.grad_v = drop_batch(outputs.grad_v);
+  if (p.attn_mask_requires_grad) {
+    g.grad_attn_mask = sum_to_mask_shape(drop_batch(outputs.grad_mask), attn_mask);
+  }
+  g.grad_captured = std::move(outputs.grad_captured);
+  return g;
+}
+
 AttentionGradients scaled_dot_product_attention_backward(const Tensor& grad_out,
                                                          const Tensor& q, const Tensor& k,
                                                          const Tensor& v, const Tensor& out,
                                                          const Tensor& lse,
                                                          const SDPAOptions& options) {
-  const AttentionParams p = make_backward_params(grad_out, q, k, v, out, lse, options);
-  AttentionGradients g;
-  g.backend = select_backend(p);
-  g.grad_q = Tensor::empty(p.q.sizes(), p.dtype);
-  g.grad_k = Tensor::empty(p.k.sizes(), p.dtype);
-  g.grad_v = Tensor::empty(p.v.sizes(), p.dtype);
-  Tensor grad_mask_full;
-  if (p.attn_mask_requires_grad) {
-    grad_mask_full = Tensor::empty({p.batch, p.num_heads_q, p.q_len, p.kv_len}, p.dtype);
-  }
-  const detail::BackendImpl& impl = detail::backend_impl(g.backend);
-  impl.backward(impl.native_bias ? p : with_materialized_bias(p), g.grad_q, g.grad_k, g.grad_v,
-                grad_mask_full);
-  if (p.unbatched) {
-    g.grad_q = g.grad_q.squeeze(0);
-    g.grad_k = g.grad_k.squeeze(0);
-    g.grad_v = g.grad_v.squeeze(0);
-  }
-  if (p.attn_mask_requires_grad) {
-    const Tensor full = p.unbatched ? grad_mask_full.squeeze(0) : grad_mask_full;
-    g.grad_attn_mask = sum_to_mask_shape(full, options.attn_mask.tensor());
-  }
-  return g;
+  return run_backward(make_backward_params(grad_out, q, k, v, out, lse, options),
+                      options.attn_mask.tensor());
 }
 
 }  // namespace sdpa

@@ -5,6 +5,7 @@
 #include <span>
 #include <string_view>
 
+#include "dispatch/kernel_io.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa::detail {
@@ -18,9 +19,8 @@ struct NamedCheck {
 };
 
 using ForwardFn = void (*)(const AttentionParams& params, const Tensor& out, const Tensor& lse);
-/// Writes grad_q/k/v (contiguous, params.dtype) and, when defined, grad_mask [B, Hq, L, S].
-using BackwardFn = void (*)(const AttentionParams& params, const Tensor& grad_q,
-                            const Tensor& grad_k, const Tensor& grad_v, const Tensor& grad_mask);
+/// Writes the gradients (kernel_io.h).
+using BackwardFn = void (*)(const AttentionParams& params, BackwardOutputs& outputs);
 
 struct BackendImpl {
   SDPBackend id;

@@ -10,4 +10,11 @@ namespace sdpa {
 /// mask already is dense or absent.
 AttentionParams with_materialized_bias(const AttentionParams& params);
 
+/// Selects a backend for the backward `params` and runs it; `attn_mask` is the caller's
+/// mask tensor (for reducing grad_attn_mask to its shape).
+AttentionGradients run_backward(const AttentionParams& params, const Tensor& attn_mask);
+
+/// Selects a backend for the forward `params` and runs it.
+AttentionResult run_forward(const AttentionParams& params);
+
 }  // namespace sdpa

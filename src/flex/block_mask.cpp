@@ -1,0 +1,190 @@
+// create_block_mask: block sparsity of a mask_mod in O(blocks) memory, by interval
+// analysis first and element evaluation only for undecided blocks.
+
+#include <algorithm>
+#include <exception>
+#include <mutex>
+#include <sstream>
+
+#include "flex/eval_scalar.h"
+#include "flex/interval.h"
+#include "sdpa/error.h"
+#include "sdpa/flex.h"
+
+namespace sdpa::flex {
+namespace {
+
+// Elementwise verdict of an undecided block.
+BlockVerdict evaluate_block(const Program& mask, int64_t b, int64_t h, int64_t q0, int64_t q1,
+                            int64_t k0, int64_t k1) {
+  ScalarEvaluator eval(*mask.compiled(), mask.captured());
+  bool any_true = false, any_false = false;
+  for (int64_t i = q0; i < q1; ++i) {
+    for (int64_t j = k0; j < k1; ++j) {
+      (eval.run(0.0, b, h, i, j) != 0.0 ? any_true : any_false) = true;
+      if (any_true && any_false) return BlockVerdict::kUnknown;
+    }
+  }
+  return any_true ? BlockVerdict::kFull : BlockVerdict::kEmpty;
+}
+
+// Fills num [.., n_rows] and indices [.., n_rows, n_cols] for one (b, h) from a status
+// grid row-major [n_rows, n_cols], listing columns whose status equals `want`.
+void fill_lists(const std::vector<uint8_t>& status, int64_t n_rows, int64_t n_cols,
+                bool transpose, uint8_t want, int32_t* num, int32_t* indices) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    int32_t count = 0;
+    for (int64_t c = 0; c < n_cols; ++c) {
+      const uint8_t s = transpose ? status[c * n_rows + r] : status[r * n_cols + c];
+      if (s == want) indices[r * n_cols + count++] = static_cast<int32_t>(c);
+    }
+    for (int64_t c = count; c < n_cols; ++c) indices[r * n_cols + c] = 0;
+    num[r] = count;
+  }
+}
+
+constexpr uint8_t kEmpty = 0, kPartial = 1, kFull = 2;
+
+}  // namespace
+
+BlockMask create_block_mask(const MaskMod& mask_mod, int64_t batch, int64_t num_heads,
+                            int64_t q_len, int64_t kv_len, int64_t block_size) {
+  return create_block_mask(Program::from_mask_mod(mask_mod), batch, num_heads, q_len, kv_len,
+                           block_size);
+}
+
+BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_heads,
+                            int64_t q_len, int64_t kv_len, int64_t block_size) {
+  SDPA_CHECK(mask_mod.is_mask(), "create_block_mask: expected a mask_mod program, got a "
+             "score_mod");
+  SDPA_CHECK(batch >= 1 && num_heads >= 1, "create_block_mask: expected B >= 1 and H >= 1, got ",
+             batch, " and ", num_heads);
+  SDPA_CHECK(q_len >= 0 && kv_len >= 0, "create_block_mask: expected non-negative Q_LEN and "
+             "KV_LEN, got ", q_len, " and ", kv_len);
+  SDPA_CHECK(block_size >= 1, "create_block_mask: expected BLOCK_SIZE >= 1, got ", block_size);
+  const CompiledProgram& prog = *mask_mod.compiled();
+  BlockMask m;
+  // A mask that ignores b (or h) is stored once and broadcast (FlexAttention does the same
+  // with B=None / H=None).
+  m.batch = prog.uses_batch ? batch : 1;
+  m.num_heads = prog.uses_head ? num_heads : 1;
+  m.q_len = q_len;
+  m.kv_len = kv_len;
+  m.q_block_size = m.kv_block_size = block_size;
+  m.mask_mod = mask_mod;
+  const int64_t nq = m.num_q_blocks(), nkv = m.num_kv_blocks();
+  const int64_t bh = m.batch * m.num_heads;
+  m.kv_num_blocks = Tensor::empty({m.batch, m.num_heads, nq}, DType::kInt32);
+  m.kv_indices = Tensor::empty({m.batch, m.num_heads, nq, nkv}, DType::kInt32);
+  m.full_kv_num_blocks = Tensor::empty({m.batch, m.num_heads, nq}, DType::kInt32);
+  m.full_kv_indices = Tensor::empty({m.batch, m.num_heads, nq, nkv}, DType::kInt32);
+  m.q_num_blocks = Tensor::empty({m.batch, m.num_heads, nkv}, DType::kInt32);
+  m.q_indices = Tensor::empty({m.batch, m.num_heads, nkv, nq}, DType::kInt32);
+  m.full_q_num_blocks = Tensor::empty({m.batch, m.num_heads, nkv}, DType::kInt32);
+  m.full_q_indices = Tensor::empty({m.batch, m.num_heads, nkv, nq}, DType::kInt32);
+
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  for (int64_t item = 0; item < bh; ++item) {
+    const int64_t b = item / m.num_heads, h = item % m.num_heads;
+    std::vector<uint8_t> status(static_cast<size_t>(nq * nkv));
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t qb = 0; qb < nq; ++qb) {
+      try {
+        const int64_t q0 = qb * block_size, q1 = std::min(q_len, q0 + block_size);
+        for (int64_t kb = 0; kb < nkv; ++kb) {
+          const int64_t k0 = kb * block_size, k1 = std::min(kv_len, k0 + block_size);
+          BlockVerdict v = classify_block(prog, mask_mod.captured(), b, h, q0, q1 - 1, k0, k1 - 1);
+          if (v == BlockVerdict::kUnknown) v = evaluate_block(mask_mod, b, h, q0, q1, k0, k1);
+          status[qb * nkv + kb] = v == BlockVerdict::kFull    ? kFull
+                                  : v == BlockVerdict::kEmpty ? kEmpty
+                                                              : kPartial;
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    fill_lists(status, nq, nkv, false, kPartial, m.kv_num_blocks.data<int32_t>() + item * nq,
+               m.kv_indices.data<int32_t>() + item * nq * nkv);
+    fill_lists(status, nq, nkv, false, kFull, m.full_kv_num_blocks.data<int32_t>() + item * nq,
+               m.full_kv_indices.data<int32_t>() + item * nq * nkv);
+    fill_lists(status, nkv, nq, true, kPartial, m.q_num_blocks.data<int32_t>() + item * nkv,
+               m.q_indices.data<int32_t>() + item * nkv * nq);
+    fill_lists(status, nkv, nq, true, kFull, m.full_q_num_blocks.data<int32_t>() + item * nkv,
+               m.full_q_indices.data<int32_t>() + item * nkv * nq);
+  }
+  return m;
+}
+
+double BlockMask::density() const {
+  const int64_t nq = num_q_blocks(), nkv = num_kv_blocks();
+  if (nq == 0 || nkv == 0) return 0.0;
+  int64_t computed = 0;
+  const int64_t rows = batch * num_heads * nq;
+  for (int64_t r = 0; r < rows; ++r) {
+    computed += kv_num_blocks.data<int32_t>()[r] + full_kv_num_blocks.data<int32_t>()[r];
+  }
+  return static_cast<double>(computed) / static_cast<double>(rows * nkv);
+}
+
+std::string BlockMask::to_string(int64_t b, int64_t h, int64_t max_size) const {
+  const int64_t nq = num_q_blocks(), nkv = num_kv_blocks();
+  const int64_t bb = batch == 1 ? 0 : b, hh = num_heads == 1 ? 0 : h;
+  SDPA_CHECK(bb >= 0 && bb < batch && hh >= 0 && hh < num_heads, "BlockMask::to_string: (b, h) = (",
+             b, ", ", h, ") out of range for [", batch, ", ", num_heads, "]");
+  const int64_t row0 = (bb * num_heads + hh) * nq;
+  std::vector<uint8_t> grid(static_cast<size_t>(nq * nkv), kEmpty);
+  for (int64_t r = 0; r < nq; ++r) {
+    const int32_t* part = kv_indices.data<int32_t>() + (row0 + r) * nkv;
+    const int32_t* full = full_kv_indices.data<int32_t>() + (row0 + r) * nkv;
+    for (int32_t k = 0; k < kv_num_blocks.data<int32_t>()[row0 + r]; ++k) grid[r * nkv + part[k]] = kPartial;
+    for (int32_t k = 0; k < full_kv_num_blocks.data<int32_t>()[row0 + r]; ++k) grid[r * nkv + full[k]] = kFull;
+  }
+  const int64_t step_q = std::max<int64_t>(1, (nq + max_size - 1) / max_size);
+  const int64_t step_kv = std::max<int64_t>(1, (nkv + max_size - 1) / max_size);
+  std::ostringstream os;
+  os << "BlockMask [" << batch << ", " << num_heads << ", " << q_len << ", " << kv_len
+     << "], block " << q_block_size << "x" << kv_block_size << ", density "
+     << density() * 100.0 << "% (sparsity " << (1.0 - density()) * 100.0 << "%)";
+  if (step_q > 1 || step_kv > 1) os << ", shown every " << step_q << "x" << step_kv << " blocks";
+  os << "  ('#' full, '+' partial, '.' empty)\n";
+  for (int64_t r = 0; r < nq; r += step_q) {
+    for (int64_t c = 0; c < nkv; c += step_kv) {
+      // A shown cell summarizes its step_q x step_kv group: any partial, else any full.
+      uint8_t cell = kEmpty;
+      for (int64_t rr = r; rr < std::min(nq, r + step_q); ++rr) {
+        for (int64_t cc = c; cc < std::min(nkv, c + step_kv); ++cc) {
+          const uint8_t s = grid[rr * nkv + cc];
+          if (s == kPartial || (s == kFull && cell == kEmpty)) cell = s;
+        }
+      }
+      os << (cell == kFull ? '#' : cell == kPartial ? '+' : '.');
+    }
+    os << '\n';
+  }
+  return os.str();
+}
+
+MaskMod and_masks(std::vector<MaskMod> mods) {
+  return [mods = std::move(mods)](const Expr& b, const Expr& h, const Expr& q, const Expr& kv) {
+    Expr all = true;
+    for (const MaskMod& m : mods) all = all & m(b, h, q, kv);
+    return all;
+  };
+}
+
+MaskMod or_masks(std::vector<MaskMod> mods) {
+  return [mods = std::move(mods)](const Expr& b, const Expr& h, const Expr& q, const Expr& kv) {
+    Expr any = false;
+    for (const MaskMod& m : mods) any = any | m(b, h, q, kv);
+    return any;
+  };
+}
+
+MaskMod noop_mask() {
+  return [](const Expr&, const Expr&, const Expr&, const Expr&) { return Expr(true); };
+}
+
+}  // namespace sdpa::flex

@@ -1,0 +1,99 @@
+#include "flex/eval_scalar.h"
+
+#include <cmath>
+
+#include "core/element_access.h"
+#include "sdpa/error.h"
+
+namespace sdpa::flex {
+
+double read_captured(const Captured& c, const int64_t* index) {
+  const Tensor& t = c.tensor();
+  int64_t off = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) off += index[d] * t.stride(d);
+  return detail::load_element(t.data_ptr(), t.dtype(), off);
+}
+
+void throw_out_of_range(const Captured& c, int64_t dim, int64_t index, int64_t b, int64_t h,
+                        int64_t q_idx, int64_t kv_idx) {
+  detail::throw_error("flex: captured tensor '", c.name(), "' ", shape_str(c.tensor().sizes()),
+                      ": index ", index, " out of range for dimension ", dim, " (size ",
+                      c.tensor().size(dim), ") at b=", b, ", h=", h, ", q_idx=", q_idx,
+                      ", kv_idx=", kv_idx);
+}
+
+int64_t floor_div_int(int64_t a, int64_t b) {
+  SDPA_CHECK(b != 0, "flex: integer division by zero");
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+
+int64_t floor_mod_int(int64_t a, int64_t b) { return a - floor_div_int(a, b) * b; }
+
+double ScalarEvaluator::step(const Instr& in, double score, int64_t b, int64_t h, int64_t q_idx,
+                             int64_t kv_idx) const {
+  auto arg = [&](int k) { return values_[in.args[k]]; };
+  auto as_int = [&](int k) { return static_cast<int64_t>(values_[in.args[k]]); };
+  switch (in.op) {
+    case Op::kScore: return score;
+    case Op::kBatch: return static_cast<double>(b);
+    case Op::kHead: return static_cast<double>(h);
+    case Op::kQIdx: return static_cast<double>(q_idx);
+    case Op::kKvIdx: return static_cast<double>(kv_idx);
+    case Op::kConst: return in.constant;
+    case Op::kRead: {
+      const Captured& c = captured_[in.slot];
+      int64_t index[8];
+      for (size_t d = 0; d < in.args.size(); ++d) {
+        index[d] = as_int(static_cast<int>(d));
+        if (index[d] < 0 || index[d] >= c.tensor().size(static_cast<int64_t>(d))) {
+          throw_out_of_range(c, static_cast<int64_t>(d), index[d], b, h, q_idx, kv_idx);
+        }
+      }
+      return read_captured(c, index);
+    }
+    case Op::kAdd: return arg(0) + arg(1);
+    case Op::kSub: return arg(0) - arg(1);
+    case Op::kMul: return arg(0) * arg(1);
+    case Op::kDiv: return arg(0) / arg(1);
+    case Op::kMod: return static_cast<double>(floor_mod_int(as_int(0), as_int(1)));
+    case Op::kFloorDiv: return static_cast<double>(floor_div_int(as_int(0), as_int(1)));
+    case Op::kNeg: return -arg(0);
+    case Op::kMin: return std::fmin(arg(0), arg(1));
+    case Op::kMax: return std::fmax(arg(0), arg(1));
+    case Op::kAbs: return std::fabs(arg(0));
+    case Op::kExp: return std::exp(arg(0));
+    case Op::kLog: return std::log(arg(0));
+    case Op::kTanh: return std::tanh(arg(0));
+    case Op::kSigmoid: return 1.0 / (1.0 + std::exp(-arg(0)));
+    case Op::kSqrt: return std::sqrt(arg(0));
+    case Op::kToFloat: return arg(0);
+    case Op::kLt: return arg(0) < arg(1) ? 1.0 : 0.0;
+    case Op::kLe: return arg(0) <= arg(1) ? 1.0 : 0.0;
+    case Op::kGt: return arg(0) > arg(1) ? 1.0 : 0.0;
+    case Op::kGe: return arg(0) >= arg(1) ? 1.0 : 0.0;
+    case Op::kEq: return arg(0) == arg(1) ? 1.0 : 0.0;
+    case Op::kNe: return arg(0) != arg(1) ? 1.0 : 0.0;
+    case Op::kAnd: return arg(0) != 0.0 && arg(1) != 0.0 ? 1.0 : 0.0;
+    case Op::kOr: return arg(0) != 0.0 || arg(1) != 0.0 ? 1.0 : 0.0;
+    case Op::kNot: return arg(0) != 0.0 ? 0.0 : 1.0;
+    case Op::kWhere: return arg(0) != 0.0 ? arg(1) : arg(2);
+  }
+  return 0.0;
+}
+
+double ScalarEvaluator::run(double score, int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx) {
+  const auto& code = program_.code;
+  for (size_t i = 0; i < code.size(); ++i) values_[i] = step(code[i], score, b, h, q_idx, kv_idx);
+  return values_[program_.result];
+}
+
+void ScalarEvaluator::run_uniform(int64_t b, int64_t h, int64_t q_idx) {
+  const auto& code = program_.code;
+  for (size_t i = 0; i < code.size(); ++i) {
+    if (code[i].uniform) values_[i] = step(code[i], 0.0, b, h, q_idx, 0);
+  }
+}
+
+}  // namespace sdpa::flex

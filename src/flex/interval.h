@@ -1,0 +1,29 @@
+#pragma once
+// Interval analysis of a flex program over a block of (q_idx, kv_idx): a sound bound on
+// every instruction's value, so a mask_mod can be proven all-true or all-false on a block
+// without evaluating its elements.
+
+#include <cstdint>
+#include <vector>
+
+#include "flex/node.h"
+
+namespace sdpa::flex {
+
+struct Interval {
+  double lo;
+  double hi;
+};
+
+/// What a mask_mod does on a block.
+enum class BlockVerdict { kEmpty, kFull, kUnknown };
+
+/// Bounds the program for b, h fixed, q_idx in [q_lo, q_hi], kv_idx in [kv_lo, kv_hi]
+/// (score unbounded). Returns the verdict of a bool result: kFull when provably true for
+/// every element, kEmpty when provably false, else kUnknown. Float comparisons decide only
+/// with a relative margin, so float32 evaluation in the kernels cannot disagree.
+BlockVerdict classify_block(const CompiledProgram& program, const std::vector<Captured>& captured,
+                            int64_t b, int64_t h, int64_t q_lo, int64_t q_hi, int64_t kv_lo,
+                            int64_t kv_hi);
+
+}  // namespace sdpa::flex
