@@ -130,6 +130,8 @@ struct BackendVerdict {
 struct Explanation {
   SDPBackend chosen = SDPBackend::ERROR;
   std::vector<BackendVerdict> verdicts;
+  /// Flex calls: the score_mod program and the BlockMask's block picture and sparsity.
+  std::string flex;
   /// Multi-line text: "chosen: FLASH_ATTENTION", then "MATH: supported" or
   /// "EFFICIENT_ATTENTION is not supported because: ...".
   std::string to_string() const;

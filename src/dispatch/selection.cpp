@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "dispatch/backend_impl.h"
+#include "sdpa/flex.h"
 
 namespace sdpa {
 namespace {
@@ -64,12 +65,19 @@ Explanation explain(const AttentionParams& params) {
     if (e.chosen == SDPBackend::ERROR && v.allowed && v.supported) e.chosen = b;
     e.verdicts.push_back(std::move(v));
   }
+  if (params.mask.score_mod) e.flex += "score_mod:\n" + params.mask.score_mod->to_string();
+  if (params.mask.block_mask) {
+    const flex::BlockMask& m = *params.mask.block_mask;
+    if (m.mask_mod) e.flex += "mask_mod:\n" + m.mask_mod->to_string();
+    e.flex += m.to_string();
+  }
   return e;
 }
 
 std::string Explanation::to_string() const {
   std::ostringstream os;
   os << "chosen: " << backend_name(chosen) << '\n';
+  if (!flex.empty()) os << flex;
   for (const BackendVerdict& v : verdicts) {
     os << backend_name(v.backend);
     if (v.allowed && v.supported) {
