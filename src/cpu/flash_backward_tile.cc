@@ -80,7 +80,8 @@ void ProbsAndScoreGrads(const AttentionParams& p, const float* delta, FlexBackwa
       continue;
     }
     float* mod_input = ws.mod_input + r * kBlockKv;
-    MaskScoreRow(p, dense, &ws.flex, b, h, i, kv_begin, cols, prob, mod_input);
+    MaskScoreRow(p, dense, &ws.flex, b, h, i, row_columns(p.mask, b, i, L, S), kv_begin, cols,
+                 prob, mod_input);
     const auto vlse = hn::Set(d, row_lse);
     const auto vdelta = hn::Set(d, delta[row0 + i]);
     if (p.has_dropout()) {
@@ -89,7 +90,7 @@ void ProbsAndScoreGrads(const AttentionParams& p, const float* delta, FlexBackwa
           .apply(static_cast<uint64_t>((row0 + i) * S + kv_begin), ws.keep, cols);
     }
     for (int64_t j = 0; j < kBlockKv; j += lanes) {
-      const auto pr = hn::Exp(d, hn::Sub(hn::LoadU(d, prob + j), vlse));
+      const auto pr = FastExp(d, hn::Sub(hn::LoadU(d, prob + j), vlse));
       auto dp = hn::LoadU(d, dscore + j);
       auto pr_dropped = pr;
       if (p.has_dropout()) {
@@ -115,9 +116,9 @@ void TransposeTile(const float* HWY_RESTRICT src, int64_t rows, int64_t cols,
 
 void PackQueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t q_begin,
                     int64_t rows, FlashBackwardScratch& ws) {
-  PackRows(RowView(p.q, b, h), q_begin, rows, p.head_dim_qk, ws.head_dim_qk_padded, ws.q,
+  pack_rows(RowView(p.q, b, h), q_begin, rows, p.head_dim_qk, ws.head_dim_qk_padded, ws.q,
            static_cast<float>(p.scale));
-  PackRows(RowView(p.grad_out, b, h), q_begin, rows, p.head_dim_vo, ws.head_dim_vo_padded,
+  pack_rows(RowView(p.grad_out, b, h), q_begin, rows, p.head_dim_vo, ws.head_dim_vo_padded,
            ws.dout);
 }
 
@@ -128,8 +129,8 @@ void FlashKvBlockBackward(const AttentionParams& p, const float* delta, FlexBack
                           const Tensor& grad_k, const Tensor& grad_v) {
   const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
   const int64_t e_pad = ws.head_dim_qk_padded, ev_pad = ws.head_dim_vo_padded;
-  PackTransposed(RowView(p.k, b, hk), kv_begin, cols, p.head_dim_qk, ws.k_t, ws.row);
-  PackTransposed(RowView(p.v, b, hk), kv_begin, cols, p.head_dim_vo, ws.v_t, ws.row);
+  pack_transposed(RowView(p.k, b, hk), kv_begin, cols, p.head_dim_qk, ws.k_t, ws.row);
+  pack_transposed(RowView(p.v, b, hk), kv_begin, cols, p.head_dim_vo, ws.v_t, ws.row);
   std::fill(ws.dk, ws.dk + cols * e_pad, 0.0f);
   std::fill(ws.dv, ws.dv + cols * ev_pad, 0.0f);
   for (int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
@@ -165,9 +166,9 @@ void FlashQBlockBackward(const AttentionParams& p, const float* delta, FlexBackw
   const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
   for (int64_t kv_begin = tiles.first; kv_begin < tiles.end; kv_begin += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
-    PackTransposed(k_rows, kv_begin, cols, p.head_dim_qk, ws.k_t, ws.row);
-    PackRows(k_rows, kv_begin, cols, p.head_dim_qk, e_pad, ws.k);
-    PackTransposed(v_rows, kv_begin, cols, p.head_dim_vo, ws.v_t, ws.row);
+    pack_transposed(k_rows, kv_begin, cols, p.head_dim_qk, ws.k_t, ws.row);
+    pack_rows(k_rows, kv_begin, cols, p.head_dim_qk, e_pad, ws.k);
+    pack_transposed(v_rows, kv_begin, cols, p.head_dim_vo, ws.v_t, ws.row);
     ProbsAndScoreGrads(p, delta, flex_grad, chunk, b, h, q_begin, rows, kv_begin, cols, ws);
     Gemm(rows, e_pad, cols, ws.dscores, kBlockKv, ws.k, e_pad, ws.dq, e_pad, true);  // dQ += dS K
   }

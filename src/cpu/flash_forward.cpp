@@ -6,6 +6,7 @@
 #include "core/parallel.h"
 #include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
+#include "cpu/pack.h"
 
 namespace sdpa::cpu {
 
@@ -13,16 +14,14 @@ FlashScratch::FlashScratch(const AttentionParams& params)
     : head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kMaxLanes)),
       flex(params.mask, kBlockKv) {
   const int64_t head_dim_qk = params.head_dim_qk, head_dim_vo = params.head_dim_vo;
-  const int64_t sizes[] = {kBlockQ * head_dim_qk,       head_dim_qk * kBlockKv,
-                           kBlockKv * head_dim_vo_padded, kBlockQ * kBlockKv,
-                           kBlockQ * head_dim_vo_padded, kBlockQ,
-                           kBlockQ,
+  const int64_t sizes[] = {kBlockQ * head_dim_qk, kBlockQ * kBlockKv,
+                           kBlockQ * head_dim_vo_padded, kBlockQ, kBlockQ,
                            std::max(head_dim_qk, head_dim_vo)};
   int64_t total = 0;
   for (int64_t s : sizes) total += round_up(s, kMaxLanes);
   buffer_ = Tensor::empty({total}, DType::kFloat32);
   float* next = buffer_.data<float>();
-  float** slots[] = {&q, &k_t, &v, &scores, &acc, &row_max, &row_sum, &row};
+  float** slots[] = {&q, &scores, &acc, &row_max, &row_sum, &row};
   for (size_t i = 0; i < std::size(slots); ++i) {
     *slots[i] = next;
     next += round_up(sizes[i], kMaxLanes);
@@ -34,22 +33,35 @@ FlashScratch::~FlashScratch() = default;
 void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse) {
   const FlashQBlockFn q_block = flash_q_block_for(active_capability());
   const int64_t q_blocks = (p.q_len + kBlockQ - 1) / kBlockQ;
-  const int64_t items = p.batch * p.num_heads_q * q_blocks;
-  if (items == 0) return;
-  // One work item per (batch, head, q-block); dynamic scheduling balances causal masks,
-  // whose later q-blocks see more keys.
+  const int64_t group_items = p.group_size() * q_blocks;
+  if (p.batch * p.num_heads_q * q_blocks == 0) return;
+  PackedKv kv(p);
   detail::ParallelErrors errors;
+  // Per (batch, kv head): all threads pack its k/v tiles, then share the q-blocks of every
+  // query head of the group. Dynamic scheduling balances causal masks, whose later
+  // q-blocks see more keys. The loop bodies never throw out of the region, so every
+  // thread reaches every barrier.
 #pragma omp parallel
   {
     FlashScratch scratch(p);
+    for (int64_t bhk = 0; bhk < p.batch * p.num_heads_kv; ++bhk) {
+      const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
+#pragma omp for schedule(static)
+      for (int64_t tile = 0; tile < kv.num_tiles(); ++tile) {
+        try {
+          kv.pack(p, b, hk, tile, scratch.row);
+        } catch (...) {
+          errors.capture();
+        }
+      }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) {
-      try {
-        const int64_t qb = item % q_blocks;
-        const int64_t bh = item / q_blocks;
-        q_block(p, bh / p.num_heads_q, bh % p.num_heads_q, qb * kBlockQ, scratch, out, lse);
-      } catch (...) {
-        errors.capture();
+      for (int64_t item = 0; item < group_items; ++item) {
+        try {
+          const int64_t h = hk * p.group_size() + item / q_blocks;
+          q_block(p, kv, b, h, (item % q_blocks) * kBlockQ, scratch, out, lse);
+        } catch (...) {
+          errors.capture();
+        }
       }
     }
   }

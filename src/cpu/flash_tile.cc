@@ -43,8 +43,8 @@ HWY_INLINE float SoftmaxRowUpdate(float* HWY_RESTRICT s, float& row_max, float& 
   const auto vnew_max = hn::Set(d, new_max);
   auto vsum = hn::Zero(d);
   for (int64_t j = 0; j < kBlockKv; j += lanes) {
-    // Exp returns 0 below -104, so -inf scores become exactly 0.
-    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, s + j), vnew_max));
+    // FastExp returns exactly 0 for -inf (masked) scores.
+    const auto e = FastExp(d, hn::Sub(hn::LoadU(d, s + j), vnew_max));
     hn::StoreU(e, d, s + j);
     vsum = hn::Add(vsum, e);
   }
@@ -55,34 +55,37 @@ HWY_INLINE float SoftmaxRowUpdate(float* HWY_RESTRICT s, float& row_max, float& 
 
 }  // namespace
 
-void FlashQBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t q_begin,
-                 FlashScratch& ws, const Tensor& out, const Tensor& lse) {
+void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_t h,
+                 int64_t q_begin, FlashScratch& ws, const Tensor& out, const Tensor& lse) {
   const int64_t L = p.q_len, S = p.kv_len, E = p.head_dim_qk;
   const int64_t ev_pad = ws.head_dim_vo_padded;
   const int64_t rows = std::min(kBlockQ, L - q_begin);
-  const int64_t hk = h / p.group_size();
-  const RowView q_rows(p.q, b, h), k_rows(p.k, b, hk), v_rows(p.v, b, hk);
+  const RowView q_rows(p.q, b, h);
   const DenseMaskRows dense(p.mask, b, h);
   const float scale = static_cast<float>(p.scale);
 
-  PackRows(q_rows, q_begin, rows, E, E, ws.q, scale);
+  pack_rows(q_rows, q_begin, rows, E, E, ws.q, scale);
   std::fill(ws.acc, ws.acc + rows * ev_pad, 0.0f);
   std::fill(ws.row_max, ws.row_max + rows, kNegInf);
   std::fill(ws.row_sum, ws.row_sum + rows, 0.0f);
+
+  for (int64_t r = 0; r < rows; ++r) {
+    ws.row_keys[r] = row_columns(p.mask, b, q_begin + r, L, S);
+  }
 
   // Key tiles outside every row's band are never visited.
   const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
   for (int64_t j0 = tiles.first; j0 < tiles.end; j0 += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, S - j0);
-    PackTransposed(k_rows, j0, cols, E, ws.k_t, ws.row);
-    PackRows(v_rows, j0, cols, p.head_dim_vo, ev_pad, ws.v);
+    const int64_t tile = j0 / kBlockKv;
 
-    Gemm(rows, kBlockKv, E, ws.q, E, ws.k_t, kBlockKv, ws.scores, kBlockKv, false);
+    Gemm(rows, kBlockKv, E, ws.q, E, kv.k_t(tile), kBlockKv, ws.scores, kBlockKv, false);
 
+    const bool needs_mask = TileNeedsMask(p, &ws.flex, ws.row_keys, rows, j0);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = q_begin + r;
       float* s = ws.scores + r * kBlockKv;
-      MaskScoreRow(p, dense, &ws.flex, b, h, i, j0, cols, s);
+      if (needs_mask) MaskScoreRow(p, dense, &ws.flex, b, h, i, ws.row_keys[r], j0, cols, s);
       const float alpha = SoftmaxRowUpdate(s, ws.row_max[r], ws.row_sum[r]);
       if (alpha != 1.0f) ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha);
       if (p.has_dropout()) {
@@ -91,7 +94,7 @@ void FlashQBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t q_begin
       }
     }
 
-    Gemm(rows, ev_pad, cols, ws.scores, kBlockKv, ws.v, ev_pad, ws.acc, ev_pad, true);
+    Gemm(rows, ev_pad, cols, ws.scores, kBlockKv, kv.v(tile), ev_pad, ws.acc, ev_pad, true);
   }
 
   const RowView out_rows(out, b, h);

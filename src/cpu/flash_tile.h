@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cpu/capability.h"
+#include "cpu/mask_rows.h"
 #include "flex/row_state.h"
 #include "sdpa/params.h"
 
@@ -20,9 +21,8 @@ inline constexpr int64_t kMaxLanes = 16;
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 /// One thread's float32 working set, 64-byte aligned:
-///   q [kBlockQ, E] (pre-scaled), k_t [E, kBlockKv], v [kBlockKv, Ev_pad],
-///   scores [kBlockQ, kBlockKv], acc [kBlockQ, Ev_pad], row_max / row_sum [kBlockQ],
-///   row [max(E, Ev)] (one converted input row).
+///   q [kBlockQ, E] (pre-scaled), scores [kBlockQ, kBlockKv], acc [kBlockQ, Ev_pad],
+///   row_max / row_sum [kBlockQ], row [max(E, Ev)] (one converted input row).
 struct FlashScratch {
   explicit FlashScratch(const AttentionParams& params);
   ~FlashScratch();
@@ -31,13 +31,13 @@ struct FlashScratch {
 
   int64_t head_dim_vo_padded;
   float* q;
-  float* k_t;
-  float* v;
   float* scores;
   float* acc;
   float* row_max;
   float* row_sum;
   float* row;
+  /// row_columns() of the current q-block's rows.
+  ColumnRange row_keys[kBlockQ];
   /// Flex program buffers and BlockMask lookup (inactive without flex).
   flex::RowState flex;
 
@@ -45,10 +45,13 @@ struct FlashScratch {
   Tensor buffer_;
 };
 
-/// Computes rows [q_begin, q_begin + kBlockQ) of out / lse for one (batch, head).
-using FlashQBlockFn = void (*)(const AttentionParams& params, int64_t b, int64_t h,
-                               int64_t q_begin, FlashScratch& scratch, const Tensor& out,
-                               const Tensor& lse);
+class PackedKv;
+
+/// Computes rows [q_begin, q_begin + kBlockQ) of out / lse for one (batch, head), reading
+/// k/v from `kv` (packed for that head's kv head).
+using FlashQBlockFn = void (*)(const AttentionParams& params, const PackedKv& kv, int64_t b,
+                               int64_t h, int64_t q_begin, FlashScratch& scratch,
+                               const Tensor& out, const Tensor& lse);
 
 /// The q-block function compiled for `capability`.
 FlashQBlockFn flash_q_block_for(Capability capability);

@@ -20,6 +20,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Micro-tile shape per target: accumulators + one B row + one broadcast A value must fit
 // the register file (32 zmm on AVX-512: 6 x 4 = 24 accumulators; 16 ymm on AVX2: 6 x 2).
+// kGemmRows must stay <= 6: GemmPanel's remainder switch covers up to 5 leftover rows.
 #if HWY_TARGET <= HWY_AVX3
 inline constexpr int64_t kGemmRows = 6;
 inline constexpr int64_t kGemmVecs = 4;
@@ -30,6 +31,7 @@ inline constexpr int64_t kGemmVecs = 2;
 inline constexpr int64_t kGemmRows = 4;
 inline constexpr int64_t kGemmVecs = 2;
 #endif
+static_assert(kGemmRows <= 6);
 
 template <int64_t kRows, int64_t kVecs>
 HWY_INLINE void GemmMicroTile(const float* HWY_RESTRICT a, int64_t lda,
@@ -66,8 +68,18 @@ HWY_INLINE void GemmPanel(int64_t m, const float* a, int64_t lda, const float* b
     GemmMicroTile<kGemmRows, kVecs>(a + r * lda, lda, b, ldb, c + r * ldc, ldc, depth,
                                     accumulate);
   }
-  for (; r < m; ++r) {  // remaining rows one at a time
-    GemmMicroTile<1, kVecs>(a + r * lda, lda, b, ldb, c + r * ldc, ldc, depth, accumulate);
+  // The remaining rows in one shorter micro-tile (one row at a time would make the loop
+  // load-bound: one broadcast per kVecs FMAs).
+  const int64_t left = m - r;
+  a += r * lda;
+  c += r * ldc;
+  switch (left) {
+    case 1: return GemmMicroTile<1, kVecs>(a, lda, b, ldb, c, ldc, depth, accumulate);
+    case 2: return GemmMicroTile<2, kVecs>(a, lda, b, ldb, c, ldc, depth, accumulate);
+    case 3: return GemmMicroTile<3, kVecs>(a, lda, b, ldb, c, ldc, depth, accumulate);
+    case 4: return GemmMicroTile<4, kVecs>(a, lda, b, ldb, c, ldc, depth, accumulate);
+    case 5: return GemmMicroTile<5, kVecs>(a, lda, b, ldb, c, ldc, depth, accumulate);
+    default: return;
   }
 }
 

@@ -1,4 +1,4 @@
-// Tile packing and masking shared by the CPU flash forward and backward. Per-target
+// Score-row masking and small row helpers shared by the CPU flash forward and backward. Per-target
 // code: include after foreach_target.h.
 
 #if defined(SDPA_CPU_TILE_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "cpu/flash_tile.h"
+#include "cpu/pack.h"
 #include "cpu/mask_rows.h"
 #include "cpu/rows.h"
 #include "flex/eval_row-inl.h"
@@ -25,41 +26,17 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-/// dst[c * ld + e] = rows[first + c][e] * multiplier for c < count, e < dim; columns
-/// [dim, ld) are zeroed so padded GEMM lanes read zeros.
-HWY_INLINE void PackRows(const RowView& rows, int64_t first, int64_t count, int64_t dim,
-                         int64_t ld, float* HWY_RESTRICT dst, float multiplier = 1.0f) {
-  for (int64_t c = 0; c < count; ++c) {
-    float* row = dst + c * ld;
-    rows.load(first + c, row, multiplier);
-    std::fill(row + dim, row + ld, 0.0f);
-  }
-}
-
-/// Transposed pack of a key-like tile: dst[e * kBlockKv + c] = rows[first + c][e] for
-/// c < count, zero for count <= c < kBlockKv. `row_tmp` holds one converted row.
-HWY_INLINE void PackTransposed(const RowView& rows, int64_t first, int64_t count, int64_t dim,
-                               float* HWY_RESTRICT dst, float* HWY_RESTRICT row_tmp) {
-  for (int64_t c = 0; c < count; ++c) {
-    rows.load(first + c, row_tmp);
-    for (int64_t e = 0; e < dim; ++e) dst[e * kBlockKv + c] = row_tmp[e];
-  }
-  for (int64_t e = 0; e < dim; ++e) {
-    std::fill(dst + e * kBlockKv + count, dst + (e + 1) * kBlockKv, 0.0f);
-  }
-}
-
 /// Masks score row s[0, kBlockKv) = columns [j0, j0 + kBlockKv) of query row i of
 /// (b, h), in this order: additive terms (dense float mask, ALiBi), flex score_mod, masks.
 /// Keys outside row_columns (band, document, padding) or past kv_len become -inf by
 /// filling the row's ends (never per element); the dense bool mask and the BlockMask's
 /// partial blocks (mask_mod over SIMD lanes) then mask within; full blocks skip mask_mod.
-/// `mod_input`, when non-null, receives the row as score_mod sees it (for the backward).
+/// `keep` is row_columns() of row i; `mod_input`, when non-null, receives the row as
+/// score_mod sees it (for the backward).
 HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dense,
                              flex::RowState* flex_state, int64_t b, int64_t h, int64_t i,
-                             int64_t j0, int64_t cols, float* HWY_RESTRICT s,
-                             float* HWY_RESTRICT mod_input = nullptr) {
-  const ColumnRange keep = row_columns(p.mask, b, i, p.q_len, p.kv_len);
+                             const ColumnRange& keep, int64_t j0, int64_t cols,
+                             float* HWY_RESTRICT s, float* HWY_RESTRICT mod_input = nullptr) {
   const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
   const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
   if (dense.additive()) dense.apply(i, j0 + lo, hi - lo, s + lo);
@@ -95,6 +72,44 @@ HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dens
       j = end;
     }
   }
+}
+
+/// Whether rows with key ranges `ranges[0, rows)` need MaskScoreRow on key tile
+/// [j0, j0 + kBlockKv): false when the call has no per-element mask part and every row
+/// keeps the whole tile (a full tile: nothing to mask).
+HWY_INLINE bool TileNeedsMask(const AttentionParams& p, const flex::RowState* flex_state,
+                              const ColumnRange* ranges, int64_t rows, int64_t j0) {
+  if (p.mask.dense_kind != DenseMaskKind::kNone || !p.mask.alibi_slopes.empty() ||
+      (flex_state && flex_state->active()) || j0 + kBlockKv > p.kv_len) {
+    return true;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    if (ranges[r].begin > j0 || ranges[r].end < j0 + kBlockKv) return true;
+  }
+  return false;
+}
+
+/// exp(x) for softmax arguments (x <= ~0): 2^(x log2 e) by a degree-6 Taylor polynomial
+/// of 2^f on f in [-0.5, 0.5] (relative error < 2e-7) and the exponent by bit shifting;
+/// exactly 0 below -87 (so -inf, a masked score, gives 0). Cheaper than a general exp,
+/// which matters because the softmax shares the FMA ports with the GEMMs.
+template <class D, class V>
+HWY_INLINE V FastExp(D d, V x) {
+  const hn::RebindToSigned<D> di;
+  const V t = hn::Min(hn::Max(hn::Mul(x, hn::Set(d, 1.44269504088896341f)), hn::Set(d, -126.0f)),
+                      hn::Set(d, 127.0f));
+  const V n = hn::Round(t);
+  const V f = hn::Sub(t, n);
+  V poly = hn::Set(d, 1.5403530393381606e-4f);
+  poly = hn::MulAdd(poly, f, hn::Set(d, 1.3333558146428443e-3f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 9.6181291076284772e-3f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 5.5504108664821580e-2f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 2.4022650695910071e-1f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 6.9314718055994531e-1f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 1.0f));
+  const auto exponent = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
+  const V result = hn::Mul(poly, hn::BitCast(d, exponent));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), result);
 }
 
 /// row[0, n) *= factor; n a multiple of the vector width.
