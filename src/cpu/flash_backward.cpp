@@ -8,6 +8,7 @@
 #include "core/parallel.h"
 #include "cpu/flash_backward_tile.h"
 #include "cpu/kernels.h"
+#include "cpu/pack.h"
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
@@ -20,18 +21,14 @@ FlashBackwardScratch::FlashBackwardScratch(const AttentionParams& params,
   if (flex_grad) {
     grad_rows.emplace(*flex_grad->program.program, flex_grad->program.captured, kBlockKv);
   }
-  const int64_t head_dim_qk = params.head_dim_qk, head_dim_vo = params.head_dim_vo;
   const int64_t e_pad = head_dim_qk_padded, ev_pad = head_dim_vo_padded;
-  const int64_t sizes[] = {kBlockQ * e_pad,           kBlockQ * ev_pad,
-                           head_dim_qk * kBlockKv,    kBlockKv * e_pad,
-                           head_dim_vo * kBlockKv,    kBlockQ * kBlockKv,
-                           kBlockQ * kBlockKv,        kBlockKv * kBlockQ,
-                           kBlockKv * kBlockQ,        kBlockKv * e_pad,
-                           kBlockKv * ev_pad,         kBlockQ * e_pad,
-                           kBlockKv,                  std::max(head_dim_qk, head_dim_vo),
+  const int64_t sizes[] = {kBlockQ * kBlockKv, kBlockQ * kBlockKv, kBlockKv * kBlockQ,
+                           kBlockKv * kBlockQ, kBlockKv * e_pad,   kBlockKv * ev_pad,
+                           kBlockQ * e_pad,    kBlockKv,
+                           std::max(params.head_dim_qk, params.head_dim_vo),
                            kBlockQ * kBlockKv};
-  float** slots[] = {&q,       &dout,      &k_t, &k,  &v_t,  &probs, &dscores,   &probs_t,
-                     &dscores_t, &dk,      &dv,  &dq, &keep, &row,   &mod_input};
+  float** slots[] = {&probs, &dscores, &probs_t, &dscores_t, &dk,
+                     &dv,    &dq,      &keep,    &row,       &mod_input};
   static_assert(std::size(sizes) == std::size(slots));
   int64_t total = 0;
   for (int64_t s : sizes) total += round_up(s, kMaxLanes);
@@ -78,44 +75,60 @@ void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
   const float* d = delta.data<float>();
   const int64_t kv_blocks = (p.kv_len + kBlockKv - 1) / kBlockKv;
   const int64_t q_blocks = (p.q_len + kBlockQ - 1) / kBlockQ;
-  const int64_t kv_items = p.batch * p.num_heads_kv * kv_blocks;
-  const int64_t q_items = p.batch * p.num_heads_q * q_blocks;
-  // Captured-tensor gradients are summed per chunk of consecutive q items; each chunk runs
-  // on one thread in item order (flex/captured_grads.h).
-  const int64_t chunks = flex::CapturedGrads::num_chunks(q_items);
+  // Captured-tensor gradients are summed per chunk of consecutive q items of a group; each
+  // chunk runs on one thread in item order, groups one after another
+  // (flex/captured_grads.h), so the sums do not depend on the thread count.
+  const int64_t group_items = p.group_size() * q_blocks;
+  const int64_t chunks = flex::CapturedGrads::num_chunks(group_items);
   std::optional<FlexBackward> flex_grad;
   if (p.mask.score_mod) {
     flex_grad.emplace(FlexBackward{flex::differentiate(*p.mask.score_mod), std::nullopt});
     flex_grad->captured.emplace(flex_grad->program, p.mask.score_mod->captured(), chunks);
   }
   FlexBackward* fg = flex_grad ? &*flex_grad : nullptr;
-  // Every item writes disjoint rows and sums in a fixed order, so results are
-  // bit-identical for any thread count.
+  PackedBackwardGroup group(p);
   detail::ParallelErrors errors;
+  // Per (batch, kv head): pack, then pass 1 over its kv tiles, then pass 2 over the q
+  // blocks of its query heads. Every item writes disjoint rows and sums in a fixed order,
+  // so results are bit-identical for any thread count.
 #pragma omp parallel
   {
     FlashBackwardScratch scratch(p, fg);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < kv_items; ++item) {
-      try {
-        const int64_t jb = item % kv_blocks, bh = item / kv_blocks;
-        kernels.kv_block(p, d, fg, bh / p.num_heads_kv, bh % p.num_heads_kv, jb * kBlockKv,
-                         scratch, out.grad_k, out.grad_v);
-      } catch (...) {
-        errors.capture();
-      }
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      try {
-        for (int64_t item = chunk * q_items / chunks; item < (chunk + 1) * q_items / chunks;
-             ++item) {
-          const int64_t qb = item % q_blocks, bh = item / q_blocks;
-          kernels.q_block(p, d, fg, chunk, bh / p.num_heads_q, bh % p.num_heads_q,
-                          qb * kBlockQ, scratch, out.grad_q);
+    for (int64_t bhk = 0; bhk < p.batch * p.num_heads_kv; ++bhk) {
+      const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
+#pragma omp for schedule(static)
+      for (int64_t item = 0; item < kv_blocks + group_items; ++item) {
+        try {
+          if (item < kv_blocks) {
+            group.pack_kv(p, b, hk, item, scratch.row);
+          } else {
+            const int64_t qi = item - kv_blocks;
+            group.pack_q(p, b, hk, qi / q_blocks, (qi % q_blocks) * kBlockQ);
+          }
+        } catch (...) {
+          errors.capture();
         }
-      } catch (...) {
-        errors.capture();
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t jb = 0; jb < kv_blocks; ++jb) {
+        try {
+          kernels.kv_block(p, group, d, fg, b, hk, jb * kBlockKv, scratch, out.grad_k,
+                           out.grad_v);
+        } catch (...) {
+          errors.capture();
+        }
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+        try {
+          for (int64_t item = chunk * group_items / chunks;
+               item < (chunk + 1) * group_items / chunks; ++item) {
+            kernels.q_block(p, group, d, fg, chunk, b, hk * p.group_size() + item / q_blocks,
+                            (item % q_blocks) * kBlockQ, scratch, out.grad_q);
+          }
+        } catch (...) {
+          errors.capture();
+        }
       }
     }
   }

@@ -9,6 +9,7 @@
 
 #include "cpu/flash_backward_tile.h"
 #include "cpu/gemm-inl.h"
+#include "cpu/pack.h"
 #include "cpu/philox.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/contrib/math/math-inl.h"
@@ -48,23 +49,25 @@ void ChainThroughScoreMod(FlexBackward& fg, int64_t chunk, int64_t b, int64_t h,
   for (int64_t j = 0; j < cols; ++j) dscore[j] = dscore[j] == 0.0f ? 0.0f : dscore[j] * d_score[j];
 }
 
-// For q rows [q_begin, q_begin + rows) of head h against key tile [kv_begin, +cols),
-// with ws.q / ws.dout / ws.k_t / ws.v_t packed, leaves
+// For q rows [q_begin, q_begin + rows) of head h (the group's g-th) against key tile
+// [kv_begin, +cols) of `group`, leaves
 //   ws.probs   = P o Z (dropped, rescaled probabilities: what multiplied v),
 //   ws.dscores = dS = P o (Z o dP - D)  (the gradient of the scaled, masked scores,
 //                times d(score_mod)/d(score) for flex calls).
 // Masked and padding columns and fully masked rows get zeros in both. With chunk >= 0,
 // also adds the flex captured-tensor gradients of these elements to that chunk.
-void ProbsAndScoreGrads(const AttentionParams& p, const float* delta, FlexBackward* flex_grad,
-                        int64_t chunk, int64_t b, int64_t h, int64_t q_begin, int64_t rows,
-                        int64_t kv_begin, int64_t cols, FlashBackwardScratch& ws) {
+void ProbsAndScoreGrads(const AttentionParams& p, const PackedBackwardGroup& group,
+                        const float* delta, FlexBackward* flex_grad, int64_t chunk, int64_t b,
+                        int64_t h, int64_t q_begin, int64_t rows, int64_t kv_begin, int64_t cols,
+                        FlashBackwardScratch& ws) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t L = p.q_len, S = p.kv_len;
-  Gemm(rows, kBlockKv, p.head_dim_qk, ws.q, ws.head_dim_qk_padded, ws.k_t, kBlockKv, ws.probs,
-       kBlockKv, false);
-  Gemm(rows, kBlockKv, p.head_dim_vo, ws.dout, ws.head_dim_vo_padded, ws.v_t, kBlockKv,
-       ws.dscores, kBlockKv, false);
+  const int64_t g = h % p.group_size(), tile = kv_begin / kBlockKv;
+  Gemm(rows, kBlockKv, p.head_dim_qk, group.q(g, q_begin), group.e_pad(), group.k_t(tile),
+       kBlockKv, ws.probs, kBlockKv, false);
+  Gemm(rows, kBlockKv, p.head_dim_vo, group.dout(g, q_begin), group.ev_pad(), group.v_t(tile),
+       kBlockKv, ws.dscores, kBlockKv, false);
   const DenseMaskRows dense(p.mask, b, h);
   const int64_t row0 = (b * p.num_heads_q + h) * L;
   const float* lse = p.lse.data<float>();
@@ -114,37 +117,30 @@ void TransposeTile(const float* HWY_RESTRICT src, int64_t rows, int64_t cols,
   }
 }
 
-void PackQueryBlock(const AttentionParams& p, int64_t b, int64_t h, int64_t q_begin,
-                    int64_t rows, FlashBackwardScratch& ws) {
-  pack_rows(RowView(p.q, b, h), q_begin, rows, p.head_dim_qk, ws.head_dim_qk_padded, ws.q,
-           static_cast<float>(p.scale));
-  pack_rows(RowView(p.grad_out, b, h), q_begin, rows, p.head_dim_vo, ws.head_dim_vo_padded,
-           ws.dout);
-}
-
 }  // namespace
 
-void FlashKvBlockBackward(const AttentionParams& p, const float* delta, FlexBackward* flex_grad,
-                          int64_t b, int64_t hk, int64_t kv_begin, FlashBackwardScratch& ws,
-                          const Tensor& grad_k, const Tensor& grad_v) {
+void FlashKvBlockBackward(const AttentionParams& p, const PackedBackwardGroup& group,
+                          const float* delta, FlexBackward* flex_grad, int64_t b, int64_t hk,
+                          int64_t kv_begin, FlashBackwardScratch& ws, const Tensor& grad_k,
+                          const Tensor& grad_v) {
   const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
-  const int64_t e_pad = ws.head_dim_qk_padded, ev_pad = ws.head_dim_vo_padded;
-  pack_transposed(RowView(p.k, b, hk), kv_begin, cols, p.head_dim_qk, ws.k_t, ws.row);
-  pack_transposed(RowView(p.v, b, hk), kv_begin, cols, p.head_dim_vo, ws.v_t, ws.row);
+  const int64_t e_pad = group.e_pad(), ev_pad = group.ev_pad();
   std::fill(ws.dk, ws.dk + cols * e_pad, 0.0f);
   std::fill(ws.dv, ws.dv + cols * ev_pad, 0.0f);
-  for (int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
+  for (int64_t g = 0; g < p.group_size(); ++g) {
+    const int64_t h = hk * p.group_size() + g;
     for (int64_t q_begin = 0; q_begin < p.q_len; q_begin += kBlockQ) {
       const int64_t rows = std::min(kBlockQ, p.q_len - q_begin);
       const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
       if (kv_begin < tiles.first || kv_begin >= tiles.end) continue;
-      PackQueryBlock(p, b, h, q_begin, rows, ws);
-      ProbsAndScoreGrads(p, delta, flex_grad, -1, b, h, q_begin, rows, kv_begin, cols, ws);
+      ProbsAndScoreGrads(p, group, delta, flex_grad, -1, b, h, q_begin, rows, kv_begin, cols, ws);
       TransposeTile(ws.probs, rows, cols, ws.probs_t);
       TransposeTile(ws.dscores, rows, cols, ws.dscores_t);
       // dV += (P o Z)^T dO;  dK += dS^T (q * scale).
-      Gemm(cols, ev_pad, rows, ws.probs_t, kBlockQ, ws.dout, ev_pad, ws.dv, ev_pad, true);
-      Gemm(cols, e_pad, rows, ws.dscores_t, kBlockQ, ws.q, e_pad, ws.dk, e_pad, true);
+      Gemm(cols, ev_pad, rows, ws.probs_t, kBlockQ, group.dout(g, q_begin), ev_pad, ws.dv,
+           ev_pad, true);
+      Gemm(cols, e_pad, rows, ws.dscores_t, kBlockQ, group.q(g, q_begin), e_pad, ws.dk, e_pad,
+           true);
     }
   }
   const RowView dk_rows(grad_k, b, hk), dv_rows(grad_v, b, hk);
@@ -154,23 +150,21 @@ void FlashKvBlockBackward(const AttentionParams& p, const float* delta, FlexBack
   }
 }
 
-void FlashQBlockBackward(const AttentionParams& p, const float* delta, FlexBackward* flex_grad,
-                         int64_t chunk, int64_t b, int64_t h, int64_t q_begin,
-                         FlashBackwardScratch& ws, const Tensor& grad_q) {
+void FlashQBlockBackward(const AttentionParams& p, const PackedBackwardGroup& group,
+                         const float* delta, FlexBackward* flex_grad, int64_t chunk, int64_t b,
+                         int64_t h, int64_t q_begin, FlashBackwardScratch& ws,
+                         const Tensor& grad_q) {
   const int64_t rows = std::min(kBlockQ, p.q_len - q_begin);
-  const int64_t e_pad = ws.head_dim_qk_padded;
-  const int64_t hk = h / p.group_size();
-  const RowView k_rows(p.k, b, hk), v_rows(p.v, b, hk);
-  PackQueryBlock(p, b, h, q_begin, rows, ws);
+  const int64_t e_pad = group.e_pad();
   std::fill(ws.dq, ws.dq + rows * e_pad, 0.0f);
   const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
   for (int64_t kv_begin = tiles.first; kv_begin < tiles.end; kv_begin += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
-    pack_transposed(k_rows, kv_begin, cols, p.head_dim_qk, ws.k_t, ws.row);
-    pack_rows(k_rows, kv_begin, cols, p.head_dim_qk, e_pad, ws.k);
-    pack_transposed(v_rows, kv_begin, cols, p.head_dim_vo, ws.v_t, ws.row);
-    ProbsAndScoreGrads(p, delta, flex_grad, chunk, b, h, q_begin, rows, kv_begin, cols, ws);
-    Gemm(rows, e_pad, cols, ws.dscores, kBlockKv, ws.k, e_pad, ws.dq, e_pad, true);  // dQ += dS K
+    ProbsAndScoreGrads(p, group, delta, flex_grad, chunk, b, h, q_begin, rows, kv_begin, cols,
+                       ws);
+    // dQ += dS k (times scale below).
+    Gemm(rows, e_pad, cols, ws.dscores, kBlockKv, group.k(kv_begin / kBlockKv), e_pad, ws.dq,
+         e_pad, true);
   }
   const RowView dq_rows(grad_q, b, h);
   for (int64_t r = 0; r < rows; ++r) {

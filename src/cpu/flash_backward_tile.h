@@ -14,10 +14,9 @@
 namespace sdpa::cpu {
 
 /// One thread's float32 working set (E_pad, Ev_pad: head dims rounded up to kMaxLanes):
-///   q [kBlockQ, E_pad] (pre-scaled), dout [kBlockQ, Ev_pad], k_t [E, kBlockKv],
-///   k [kBlockKv, E_pad], v_t [Ev, kBlockKv], probs / dscores [kBlockQ, kBlockKv],
-///   probs_t / dscores_t [kBlockKv, kBlockQ], dk / dv [kBlockKv, E_pad / Ev_pad],
-///   dq [kBlockQ, E_pad], keep [kBlockKv], row [max(E, Ev)].
+///   probs / dscores [kBlockQ, kBlockKv], probs_t / dscores_t [kBlockKv, kBlockQ],
+///   dk / dv [kBlockKv, E_pad / Ev_pad], dq [kBlockQ, E_pad], keep [kBlockKv],
+///   row [max(E, Ev)], mod_input [kBlockQ, kBlockKv].
 /// The derivative of a flex score_mod and the accumulator of its captured tensors'
 /// gradients, shared by all threads of one backward call.
 struct FlexBackward {
@@ -32,7 +31,7 @@ struct FlashBackwardScratch {
 
   int64_t head_dim_qk_padded;
   int64_t head_dim_vo_padded;
-  float *q, *dout, *k_t, *k, *v_t, *probs, *dscores, *probs_t, *dscores_t;
+  float *probs, *dscores, *probs_t, *dscores_t;
   float *dk, *dv, *dq, *keep, *row;
   float* mod_input;  // [kBlockQ, kBlockKv]: scores as score_mod saw them
   flex::RowState flex;
@@ -42,16 +41,20 @@ struct FlashBackwardScratch {
   Tensor buffer_;
 };
 
+class PackedBackwardGroup;
+
 /// Pass 1: grad_k / grad_v rows [kv_begin, kv_begin + kBlockKv) of kv head `hk`, summed
-/// over the query heads of its group. `delta` is rowsum(dO o O), float32 [B, Hq, L].
-using FlashKvBlockBackwardFn = void (*)(const AttentionParams& params, const float* delta,
+/// over the query heads of its group (packed in `group`). `delta` is rowsum(dO o O),
+/// float32 [B, Hq, L].
+using FlashKvBlockBackwardFn = void (*)(const AttentionParams& params,
+                                        const PackedBackwardGroup& group, const float* delta,
                                         FlexBackward* flex_grad, int64_t b, int64_t hk,
-                                        int64_t kv_begin,
-                                        FlashBackwardScratch& scratch, const Tensor& grad_k,
-                                        const Tensor& grad_v);
+                                        int64_t kv_begin, FlashBackwardScratch& scratch,
+                                        const Tensor& grad_k, const Tensor& grad_v);
 /// Pass 2: grad_q rows [q_begin, q_begin + kBlockQ) of head `h`; captured-tensor
 /// gradients go to `chunk` of flex_grad->captured.
-using FlashQBlockBackwardFn = void (*)(const AttentionParams& params, const float* delta,
+using FlashQBlockBackwardFn = void (*)(const AttentionParams& params,
+                                       const PackedBackwardGroup& group, const float* delta,
                                        FlexBackward* flex_grad, int64_t chunk, int64_t b,
                                        int64_t h, int64_t q_begin,
                                        FlashBackwardScratch& scratch, const Tensor& grad_q);
