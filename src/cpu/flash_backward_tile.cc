@@ -31,6 +31,7 @@ void ChainThroughScoreMod(FlexBackward& fg, int64_t chunk, int64_t b, int64_t h,
   flex::RowBuffers& rows = *ws.grad_rows;
   flex::HWY_NAMESPACE::EvaluateRow(rows, mod_input, b, h, i, kv_begin, cols);
   const flex::GradientProgram& g = fg.program;
+  for (int32_t id : g.program->outputs) flex::HWY_NAMESPACE::MaterializeLanes(rows, id);
   if (chunk >= 0) {
     for (size_t r = 0; r < g.reads.size(); ++r) {
       const float* adjoint = rows.floats(g.reads[r].adjoint);

@@ -11,6 +11,7 @@
 #define SDPA_FLEX_EVAL_ROW_INL_H_
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -34,30 +35,54 @@ HWY_INLINE void MapFloat(const float* HWY_RESTRICT src, float* HWY_RESTRICT dst,
   for (int64_t j = 0; j < n; j += lanes) hn::StoreU(f(d, hn::LoadU(d, src + j)), d, dst + j);
 }
 
+/// An operand of a per-key instruction: its lanes, or one row-uniform value (no
+/// broadcast buffer is written; the compiler unswitches the loop on `uniform`).
+template <typename T>
+struct Operand {
+  const T* lanes;
+  T value;
+  bool uniform;
+  T operator[](int64_t j) const { return uniform ? value : lanes[j]; }
+};
+
+/// out[j] = f(x[j], y[j]) with the uniform cases split into their own loops, so every
+/// loop vectorizes (a select on `uniform` inside the loop would not).
+template <typename T, typename R, typename F>
+HWY_INLINE void Binary(const Operand<T>& x, const Operand<T>& y, R* HWY_RESTRICT out,
+                       int64_t width, F f) {
+  if (x.uniform) {
+    for (int64_t j = 0; j < width; ++j) out[j] = f(x.value, y.lanes[j]);
+  } else if (y.uniform) {
+    for (int64_t j = 0; j < width; ++j) out[j] = f(x.lanes[j], y.value);
+  } else {
+    for (int64_t j = 0; j < width; ++j) out[j] = f(x.lanes[j], y.lanes[j]);
+  }
+}
+
 /// Runs the program for lanes j < n with kv_idx = kv0 + j and, for score_mods,
-/// score = scores[j]. Returns the result instruction (read its floats() or ints()).
+/// score = scores[j]. Per-key instructions write their lanes (floats() or ints());
+/// row-uniform ones are evaluated once as scalars (buf.scalar.value()). Returns the
+/// result instruction.
 inline int32_t EvaluateRow(RowBuffers& buf, const float* scores, int64_t b, int64_t h,
                            int64_t q_idx, int64_t kv0, int64_t n) {
   const CompiledProgram& prog = *buf.program;
   const int64_t width = buf.lanes;  // full padded width, so vector loops need no tail
   buf.scalar.run_uniform(b, h, q_idx);
+  auto fop = [&](int32_t id) {
+    const bool u = prog.code[id].uniform;
+    return Operand<float>{buf.floats(id), u ? static_cast<float>(buf.scalar.value(id)) : 0.0f, u};
+  };
+  auto iop = [&](int32_t id) {
+    const bool u = prog.code[id].uniform;
+    return Operand<int64_t>{buf.ints(id), u ? static_cast<int64_t>(buf.scalar.value(id)) : 0, u};
+  };
   for (size_t k = 0; k < prog.code.size(); ++k) {
     const Instr& in = prog.code[k];
+    if (in.uniform) continue;
     const auto id = static_cast<int32_t>(k);
     float* fo = buf.floats(id);
     int64_t* io = buf.ints(id);
-    if (in.uniform) {  // broadcast the row-uniform value for varying consumers
-      const double v = buf.scalar.value(id);
-      if (in.type == ValueType::kFloat) {
-        for (int64_t j = 0; j < width; ++j) fo[j] = static_cast<float>(v);
-      } else {
-        for (int64_t j = 0; j < width; ++j) io[j] = static_cast<int64_t>(v);
-      }
-      continue;
-    }
     const bool is_float = in.type == ValueType::kFloat;
-    auto fa = [&](int a) { return buf.floats(in.args[a]); };
-    auto ia = [&](int a) { return buf.ints(in.args[a]); };
     // Operands of comparisons / where / min / max may be float or int.
     const bool float_args = !in.args.empty() &&
                             prog.code[in.args.back()].type == ValueType::kFloat;
@@ -71,12 +96,13 @@ inline int32_t EvaluateRow(RowBuffers& buf, const float* scores, int64_t b, int6
       case Op::kRead: {
         const Captured& c = (*buf.captured)[in.slot];
         const Tensor& t = c.tensor();
+        const int64_t dims = static_cast<int64_t>(in.args.size());
         for (int64_t j = 0; j < n; ++j) {
           int64_t index[8];
-          for (size_t d = 0; d < in.args.size(); ++d) {
-            index[d] = buf.ints(in.args[d])[j];
-            if (index[d] < 0 || index[d] >= t.size(static_cast<int64_t>(d))) {
-              throw_out_of_range(c, static_cast<int64_t>(d), index[d], b, h, q_idx, kv0 + j);
+          for (int64_t d = 0; d < dims; ++d) {
+            index[d] = iop(in.args[d])[j];
+            if (index[d] < 0 || index[d] >= t.size(d)) {
+              throw_out_of_range(c, d, index[d], b, h, q_idx, kv0 + j);
             }
           }
           const double v = read_captured(c, index);
@@ -92,88 +118,86 @@ inline int32_t EvaluateRow(RowBuffers& buf, const float* scores, int64_t b, int6
         }
         break;
       }
-#define SDPA_FLEX_BINARY(OP, EXPR)                                                \
-  case OP:                                                                        \
-    if (is_float) {                                                               \
-      const float* x = fa(0);                                                     \
-      const float* y = fa(1);                                                     \
-      for (int64_t j = 0; j < width; ++j) fo[j] = EXPR;                           \
-    } else {                                                                      \
-      const int64_t* x = ia(0);                                                   \
-      const int64_t* y = ia(1);                                                   \
-      for (int64_t j = 0; j < width; ++j) io[j] = EXPR;                           \
-    }                                                                             \
+#define SDPA_FLEX_BINARY(OP, EXPR)                                                        \
+  case OP:                                                                                \
+    if (is_float) {                                                                       \
+      Binary(fop(in.args[0]), fop(in.args[1]), fo, width, [](float a, float b) { return EXPR; }); \
+    } else {                                                                              \
+      Binary(iop(in.args[0]), iop(in.args[1]), io, width,                                 \
+             [](int64_t a, int64_t b) { return EXPR; });                                  \
+    }                                                                                     \
     break;
-      SDPA_FLEX_BINARY(Op::kAdd, x[j] + y[j])
-      SDPA_FLEX_BINARY(Op::kSub, x[j] - y[j])
-      SDPA_FLEX_BINARY(Op::kMul, x[j] * y[j])
-      SDPA_FLEX_BINARY(Op::kMin, x[j] < y[j] ? x[j] : y[j])
-      SDPA_FLEX_BINARY(Op::kMax, x[j] > y[j] ? x[j] : y[j])
+      SDPA_FLEX_BINARY(Op::kAdd, a + b)
+      SDPA_FLEX_BINARY(Op::kSub, a - b)
+      SDPA_FLEX_BINARY(Op::kMul, a * b)
+      SDPA_FLEX_BINARY(Op::kMin, a < b ? a : b)
+      SDPA_FLEX_BINARY(Op::kMax, a > b ? a : b)
 #undef SDPA_FLEX_BINARY
-      case Op::kDiv: {
-        const float* x = fa(0);
-        const float* y = fa(1);
-        for (int64_t j = 0; j < width; ++j) fo[j] = x[j] / y[j];
+      case Op::kDiv:
+        Binary(fop(in.args[0]), fop(in.args[1]), fo, width, [](float a, float b) { return a / b; });
         break;
-      }
       case Op::kMod: {
-        const int64_t* x = ia(0);
-        const int64_t* y = ia(1);
+        const auto x = iop(in.args[0]);
+        const auto y = iop(in.args[1]);
         for (int64_t j = 0; j < n; ++j) io[j] = floor_mod_int(x[j], y[j]);
         break;
       }
       case Op::kFloorDiv: {
-        const int64_t* x = ia(0);
-        const int64_t* y = ia(1);
+        const auto x = iop(in.args[0]);
+        const auto y = iop(in.args[1]);
         for (int64_t j = 0; j < n; ++j) io[j] = floor_div_int(x[j], y[j]);
         break;
       }
       case Op::kNeg:
         if (is_float) {
-          for (int64_t j = 0; j < width; ++j) fo[j] = -fa(0)[j];
+          const float* x = buf.floats(in.args[0]);
+          for (int64_t j = 0; j < width; ++j) fo[j] = -x[j];
         } else {
-          for (int64_t j = 0; j < width; ++j) io[j] = -ia(0)[j];
+          const int64_t* x = buf.ints(in.args[0]);
+          for (int64_t j = 0; j < width; ++j) io[j] = -x[j];
         }
         break;
       case Op::kAbs:
         if (is_float) {
-          for (int64_t j = 0; j < width; ++j) fo[j] = std::fabs(fa(0)[j]);
+          const float* x = buf.floats(in.args[0]);
+          for (int64_t j = 0; j < width; ++j) fo[j] = std::fabs(x[j]);
         } else {
-          for (int64_t j = 0; j < width; ++j) io[j] = ia(0)[j] < 0 ? -ia(0)[j] : ia(0)[j];
+          const int64_t* x = buf.ints(in.args[0]);
+          for (int64_t j = 0; j < width; ++j) io[j] = x[j] < 0 ? -x[j] : x[j];
         }
         break;
       case Op::kExp:
-        MapFloat(fa(0), fo, width, [](auto d, auto v) { return hn::Exp(d, v); });
+        MapFloat(buf.floats(in.args[0]), fo, width, [](auto d, auto v) { return hn::Exp(d, v); });
         break;
       case Op::kLog:
-        MapFloat(fa(0), fo, width, [](auto d, auto v) { return hn::Log(d, v); });
+        MapFloat(buf.floats(in.args[0]), fo, width, [](auto d, auto v) { return hn::Log(d, v); });
         break;
       case Op::kTanh:
-        MapFloat(fa(0), fo, width, [](auto d, auto v) { return hn::Tanh(d, v); });
+        MapFloat(buf.floats(in.args[0]), fo, width, [](auto d, auto v) { return hn::Tanh(d, v); });
         break;
       case Op::kSigmoid:
-        MapFloat(fa(0), fo, width, [](auto d, auto v) {
+        MapFloat(buf.floats(in.args[0]), fo, width, [](auto d, auto v) {
           const auto one = hn::Set(d, 1.0f);
           return hn::Div(one, hn::Add(one, hn::Exp(d, hn::Neg(v))));
         });
         break;
       case Op::kSqrt:
-        MapFloat(fa(0), fo, width, [](auto, auto v) { return hn::Sqrt(v); });
+        MapFloat(buf.floats(in.args[0]), fo, width, [](auto, auto v) { return hn::Sqrt(v); });
         break;
-      case Op::kToFloat:
-        for (int64_t j = 0; j < width; ++j) fo[j] = static_cast<float>(ia(0)[j]);
+      case Op::kToFloat: {
+        const int64_t* x = buf.ints(in.args[0]);
+        for (int64_t j = 0; j < width; ++j) fo[j] = static_cast<float>(x[j]);
         break;
-#define SDPA_FLEX_COMPARE(OP, CMP)                                                 \
-  case OP:                                                                         \
-    if (float_args) {                                                              \
-      const float* x = fa(0);                                                      \
-      const float* y = fa(1);                                                      \
-      for (int64_t j = 0; j < width; ++j) io[j] = x[j] CMP y[j];                   \
-    } else {                                                                       \
-      const int64_t* x = ia(0);                                                    \
-      const int64_t* y = ia(1);                                                    \
-      for (int64_t j = 0; j < width; ++j) io[j] = x[j] CMP y[j];                   \
-    }                                                                              \
+      }
+#define SDPA_FLEX_COMPARE(OP, CMP)                                                       \
+  case OP:                                                                               \
+    if (float_args) {                                                                    \
+      Binary(fop(in.args[0]), fop(in.args[1]), io, width,                                \
+             [](float a, float b) { return static_cast<int64_t>(a CMP b); });            \
+    } else {                                                                             \
+      Binary(iop(in.args[0]), iop(in.args[1]), io, width,                                \
+             [](int64_t a, int64_t b) { return static_cast<int64_t>(a CMP b); });        \
+    }                                                                                    \
     break;
       SDPA_FLEX_COMPARE(Op::kLt, <)
       SDPA_FLEX_COMPARE(Op::kLe, <=)
@@ -183,20 +207,26 @@ inline int32_t EvaluateRow(RowBuffers& buf, const float* scores, int64_t b, int6
       SDPA_FLEX_COMPARE(Op::kNe, !=)
 #undef SDPA_FLEX_COMPARE
       case Op::kAnd:
-        for (int64_t j = 0; j < width; ++j) io[j] = ia(0)[j] & ia(1)[j];
+        Binary(iop(in.args[0]), iop(in.args[1]), io, width, [](int64_t a, int64_t b) { return a & b; });
         break;
       case Op::kOr:
-        for (int64_t j = 0; j < width; ++j) io[j] = ia(0)[j] | ia(1)[j];
+        Binary(iop(in.args[0]), iop(in.args[1]), io, width, [](int64_t a, int64_t b) { return a | b; });
         break;
-      case Op::kNot:
-        for (int64_t j = 0; j < width; ++j) io[j] = ia(0)[j] ^ 1;
+      case Op::kNot: {
+        const int64_t* x = buf.ints(in.args[0]);
+        for (int64_t j = 0; j < width; ++j) io[j] = x[j] ^ 1;
         break;
+      }
       case Op::kWhere: {
-        const int64_t* c = ia(0);
+        const auto c = iop(in.args[0]);
         if (is_float) {
-          for (int64_t j = 0; j < width; ++j) fo[j] = c[j] ? fa(1)[j] : fa(2)[j];
+          const auto x = fop(in.args[1]);
+          const auto y = fop(in.args[2]);
+          for (int64_t j = 0; j < width; ++j) fo[j] = c[j] ? x[j] : y[j];
         } else {
-          for (int64_t j = 0; j < width; ++j) io[j] = c[j] ? ia(1)[j] : ia(2)[j];
+          const auto x = iop(in.args[1]);
+          const auto y = iop(in.args[2]);
+          for (int64_t j = 0; j < width; ++j) io[j] = c[j] ? x[j] : y[j];
         }
         break;
       }
@@ -208,6 +238,19 @@ inline int32_t EvaluateRow(RowBuffers& buf, const float* scores, int64_t b, int6
     }
   }
   return prog.result;
+}
+
+/// Makes instruction `id`'s lanes valid after EvaluateRow (row-uniform instructions keep
+/// only a scalar until asked).
+inline void MaterializeLanes(RowBuffers& buf, int32_t id) {
+  const Instr& in = buf.program->code[id];
+  if (!in.uniform) return;
+  const double v = buf.scalar.value(id);
+  if (in.type == ValueType::kFloat) {
+    std::fill(buf.floats(id), buf.floats(id) + buf.lanes, static_cast<float>(v));
+  } else {
+    std::fill(buf.ints(id), buf.ints(id) + buf.lanes, static_cast<int64_t>(v));
+  }
 }
 
 /// Replaces s[j] (j < n) by score_mod(s[j]) for keys kv0 + j of row (b, h, q_idx).
