@@ -1,19 +1,24 @@
-// The public entry points: validate, select, run.
+// The public entry points: validate, select, run through the registry.
 
 #include "dispatch/backend_impl.h"
 #include "dispatch/lowering.h"
+#include "registry/registry_impl.h"
 
 namespace sdpa {
 
+// The `attention` op of the registry (src/registry) on the params' device: for CPU tensors
+// the selected backend's kernel, for an external device its plugin's kernel (or the CPU
+// fallback).
 AttentionResult run_forward(const AttentionParams& params) {
+  OpCall call;
+  call.params = &params;
+  call.backend = select_backend(params);
+  registry::call(registry::OpId::kAttention, call);
   AttentionResult result;
-  result.backend = select_backend(params);
-  result.out = Tensor::empty({params.batch, params.num_heads_q, params.q_len, params.head_dim_vo},
-                             params.dtype);
-  result.lse = Tensor::empty({params.batch, params.num_heads_q, params.q_len}, DType::kFloat32);
+  result.backend = call.backend;
+  result.out = std::move(call.returns.at(0));
+  result.lse = std::move(call.returns.at(1));
   result.philox = params.dropout.philox;
-  const detail::BackendImpl& impl = detail::backend_impl(result.backend);
-  impl.forward(impl.native_bias ? params : with_materialized_bias(params), result.out, result.lse);
   if (params.unbatched) {
     result.out = result.out.squeeze(0);
     result.lse = result.lse.squeeze(0);

@@ -6,6 +6,7 @@
 #include "core/element_access.h"
 #include "dispatch/backend_impl.h"
 #include "dispatch/lowering.h"
+#include "registry/registry_impl.h"
 
 namespace sdpa {
 namespace {
@@ -41,26 +42,25 @@ Tensor sum_to_mask_shape(const Tensor& full, const Tensor& mask) {
 
 }  // namespace
 
+// The registry's `attention_backward` op on the params' device (see run_forward).
 AttentionGradients run_backward(const AttentionParams& p, const Tensor& attn_mask) {
+  OpCall call;
+  call.params = &p;
+  call.backend = select_backend(p);
+  registry::call(registry::OpId::kAttentionBackward, call);
   AttentionGradients g;
-  g.backend = select_backend(p);
-  detail::BackwardOutputs outputs;
-  outputs.grad_q = Tensor::empty(p.q.sizes(), p.dtype);
-  outputs.grad_k = Tensor::empty(p.k.sizes(), p.dtype);
-  outputs.grad_v = Tensor::empty(p.v.sizes(), p.dtype);
-  if (p.attn_mask_requires_grad) {
-    outputs.grad_mask = Tensor::empty({p.batch, p.num_heads_q, p.q_len, p.kv_len}, p.dtype);
-  }
-  const detail::BackendImpl& impl = detail::backend_impl(g.backend);
-  impl.backward(impl.native_bias ? p : with_materialized_bias(p), outputs);
+  g.backend = call.backend;
   auto drop_batch = [&](const Tensor& t) { return p.unbatched ? t.squeeze(0) : t; };
-  g.grad_q = drop_batch(outputs.grad_q);
-  g.grad_k = drop_batch(outputs.grad_k);
-  g.grad_v = drop_batch(outputs.grad_v);
+  g.grad_q = drop_batch(call.returns.at(0));
+  g.grad_k = drop_batch(call.returns.at(1));
+  g.grad_v = drop_batch(call.returns.at(2));
   if (p.attn_mask_requires_grad) {
-    g.grad_attn_mask = sum_to_mask_shape(drop_batch(outputs.grad_mask), attn_mask);
+    // The reduction reads host memory; an external device's gradient goes there and back.
+    const Tensor grad_mask = drop_batch(call.returns.at(3));
+    g.grad_attn_mask = to_device(
+        sum_to_mask_shape(to_host(grad_mask), attn_mask), attn_mask.device());
   }
-  g.grad_captured = std::move(outputs.grad_captured);
+  g.grad_captured = std::move(call.tensor_list);
   return g;
 }
 

@@ -4,6 +4,7 @@
 
 #include "cpu/kernels.h"
 #include "dispatch/backend_impl.h"
+#include "registry/registry_impl.h"
 
 namespace sdpa::detail {
 namespace {
@@ -61,11 +62,6 @@ bool check_external_device(const AttentionParams& p, Reasons& r) {
   return false;
 }
 
-bool check_external_backend_registered(const AttentionParams& p, Reasons& r) {
-  r.add("no external backend is registered for " + on(p));
-  return false;
-}
-
 constexpr NamedCheck kMathChecks[] = {{"cpu_device", check_cpu_device}};
 constexpr NamedCheck kFlashChecks[] = {{"cpu_device", check_cpu_device},
                                        {"dtype", check_flash_cpu_dtype},
@@ -75,9 +71,12 @@ constexpr NamedCheck kEfficientChecks[] = {{"built_with_cuda", check_built_with_
                                            {"cuda_device", check_cuda_device}};
 constexpr NamedCheck kCudnnChecks[] = {{"built_with_cudnn", check_built_with_cudnn},
                                        {"cuda_device", check_cuda_device}};
+// The external device's backend comes from the registry (src/registry): registered at run
+// time, usually by a plugin, with its own checks.
 constexpr NamedCheck kOverrideableChecks[] = {
     {"external_device", check_external_device},
-    {"backend_registered", check_external_backend_registered}};
+    {"backend_registered", registry::check_external_backend_registered},
+    {"backend_checks", registry::check_external_backend_checks}};
 
 const BackendImpl kBackends[] = {
     // MATH is the reference: it sees every bias as its dense materialize().

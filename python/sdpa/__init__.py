@@ -1,0 +1,85 @@
+"""sdpa: scaled dot-product attention with PyTorch's API on any DLPack array.
+
+    import sdpa
+    out = sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)  # numpy in, numpy out
+
+Submodules: ``sdpa.backends`` (flags, ``cpu.get_cpu_capability()``), ``sdpa.attention``
+(``sdpa_kernel``, ``SDPBackend``, ``bias``), ``sdpa.torch`` (the torch.library custom op:
+autograd and torch.compile), ``sdpa.info`` (``python -m sdpa.info``) and
+``sdpa.integrations``. Neither numpy nor torch is imported until your arrays need them.
+"""
+
+from . import _C
+from ._C import (
+    BackendVerdict,
+    Error,
+    Explanation,
+    Generator,
+    SDPBackend,
+    Tensor,
+    are_deterministic_algorithms_enabled,
+    get_num_threads,
+    manual_seed,
+    memory_stats,
+    reset_peak_memory,
+    set_num_threads,
+    use_deterministic_algorithms,
+)
+from ._api import (
+    AttentionGradients,
+    AttentionOutput,
+    explain,
+    scaled_dot_product_attention,
+    scaled_dot_product_attention_backward,
+    scaled_dot_product_attention_with_lse,
+)
+from ._kernel import sdpa_kernel
+from . import attention, backends
+
+import sys as _sys
+
+if _sys.modules.get("torch") is not None:
+    # torch is loaded: register the sdpa::attention op now, so torch tensors routed
+    # through sdpa.scaled_dot_product_attention never import it mid-trace.
+    from . import torch as _torch_api  # noqa: F401
+del _sys
+
+__version__ = _C.version()
+
+#: The process-wide dropout generator used when a call names none.
+default_generator = _C.default_generator()
+
+__all__ = [
+    "AttentionGradients",
+    "AttentionOutput",
+    "BackendVerdict",
+    "Error",
+    "Explanation",
+    "Generator",
+    "SDPBackend",
+    "Tensor",
+    "are_deterministic_algorithms_enabled",
+    "attention",
+    "backends",
+    "default_generator",
+    "explain",
+    "get_num_threads",
+    "manual_seed",
+    "memory_stats",
+    "reset_peak_memory",
+    "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward",
+    "scaled_dot_product_attention_with_lse",
+    "sdpa_kernel",
+    "set_num_threads",
+    "use_deterministic_algorithms",
+]
+
+
+def __getattr__(name):
+    # sdpa.torch (imports torch) and sdpa.integrations load on first use.
+    if name in ("torch", "integrations", "info"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,128 @@
+"""The attention functions, for any array with __dlpack__.
+
+torch tensors go through the ``sdpa::attention`` custom op (sdpa.torch), so autograd and
+torch.compile see them; every other framework calls sdpa._C directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+from . import _C, _convert
+from .attention.bias import to_cpp_mask
+
+
+class AttentionOutput(NamedTuple):
+    """Result of scaled_dot_product_attention_with_lse."""
+
+    out: Any  #: [B, Hq, L, Ev] (or [Hq, L, Ev]), the query's dtype and framework.
+    lse: Any  #: float32 [B, Hq, L] logsumexp of the scaled, masked scores (-inf: fully masked).
+    backend: Optional["_C.SDPBackend"]  #: The backend that ran.
+    dropout_state: tuple  #: (seed, offset) the dropout used: pass it to the backward.
+
+
+class AttentionGradients(NamedTuple):
+    """Result of scaled_dot_product_attention_backward, each like its input."""
+
+    grad_q: Any
+    grad_k: Any
+    grad_v: Any
+    grad_attn_mask: Any  #: None unless attn_mask_requires_grad.
+    backend: "_C.SDPBackend"
+
+
+def _torch_api():
+    # A plain import statement: torch.compile's tracer runs it (it cannot trace
+    # importlib), and it is a dictionary look-up once sdpa.torch is loaded.
+    from . import torch as module
+
+    return module
+
+
+def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: Optional[float] = None, enable_gqa: bool = False, *,
+                                 generator: Optional["_C.Generator"] = None) -> Any:
+    """softmax(query @ key^T * scale + mask) @ value, with
+    torch.nn.functional.scaled_dot_product_attention's arguments and semantics.
+
+    query [B, Hq, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] (or 3-D without B), any
+    strides, float32/float64/bfloat16/float16, from any framework with __dlpack__ (read
+    zero-copy). attn_mask: None, a bool (True = take part) or float (added) array
+    broadcastable to [B, Hq, L, S], or an sdpa.attention.bias bias. Returns out
+    [B, Hq, L, Ev] in the query's framework. Raises sdpa.Error (a ValueError) with the
+    library's message for invalid input, TypeError for non-arrays.
+    """
+    if _convert.is_torch_tensor(query):
+        return _torch_api().scaled_dot_product_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+            generator=generator)
+    out, _, _, _ = _C.attention(query, key, value, to_cpp_mask(attn_mask), float(dropout_p),
+                                bool(is_causal), _scale(scale), bool(enable_gqa), generator,
+                                None)
+    return _convert.like(out, query)
+
+
+def scaled_dot_product_attention_with_lse(
+        query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+        is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
+        generator: Optional["_C.Generator"] = None,
+        dropout_state: Optional[tuple] = None) -> AttentionOutput:
+    """As scaled_dot_product_attention, also returning the logsumexp, the backend that
+    ran and the dropout state. ``dropout_state=(seed, offset)`` replays a previous call's
+    dropout mask instead of drawing from the generator. torch tensors go through the
+    custom op (gradients flow to ``out``; ``lse`` is not differentiable)."""
+    if _convert.is_torch_tensor(query):
+        return _torch_api().scaled_dot_product_attention_with_lse(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+            generator=generator, dropout_state=dropout_state)
+    out, lse, backend, state = _C.attention(
+        query, key, value, to_cpp_mask(attn_mask), float(dropout_p), bool(is_causal),
+        _scale(scale), bool(enable_gqa), generator, _state(dropout_state))
+    return AttentionOutput(_convert.like(out, query), _convert.like(lse, query), backend,
+                           tuple(state))
+
+
+def scaled_dot_product_attention_backward(
+        grad_out: Any, query: Any, key: Any, value: Any, out: Any, lse: Any,
+        attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
+        scale: Optional[float] = None, enable_gqa: bool = False, *,
+        dropout_state: Optional[tuple] = None,
+        attn_mask_requires_grad: bool = False) -> AttentionGradients:
+    """Gradients of scaled_dot_product_attention with respect to query, key, value (and a
+    float attn_mask when ``attn_mask_requires_grad``), given grad_out and the forward's
+    ``out`` and ``lse``. The options must equal the forward's; with dropout,
+    ``dropout_state`` must be the forward's (AttentionOutput.dropout_state).
+    Returns AttentionGradients(grad_q, grad_k, grad_v, grad_attn_mask, backend) in the
+    query's framework (torch tensors are read, not tracked: use sdpa.torch for autograd).
+    """
+    gq, gk, gv, gm, backend = _C.attention_backward(
+        grad_out, query, key, value, out, lse, to_cpp_mask(attn_mask), float(dropout_p),
+        bool(is_causal), _scale(scale), bool(enable_gqa), _state(dropout_state),
+        bool(attn_mask_requires_grad))
+    return AttentionGradients(_convert.like(gq, query), _convert.like(gk, query),
+                              _convert.like(gv, query),
+                              None if gm is None else _convert.like(gm, query), backend)
+
+
+def explain(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+            is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False,
+            *, backward: bool = False) -> "_C.Explanation":
+    """Which backend a call would use and why every other was rejected, without running
+    it. Returns an Explanation: ``.chosen``, ``.verdicts`` (backend, allowed, supported,
+    reasons, bias_handling), and ``str()`` for the text ``sdpa explain`` prints. With
+    ``backward``, explains the backward call instead. Never raises for an unsupported
+    call (only for invalid input)."""
+    return _C.explain(query, key, value, to_cpp_mask(attn_mask), float(dropout_p),
+                      bool(is_causal), _scale(scale), bool(enable_gqa), bool(backward))
+
+
+def _scale(scale: Any) -> Optional[float]:
+    return None if scale is None else float(scale)
+
+
+def _state(state: Any) -> Optional[tuple]:
+    if state is None:
+        return None
+    seed, offset = state
+    return int(seed), int(offset)

@@ -1,0 +1,95 @@
+"""Conversions between the caller's arrays and sdpa._C, zero-copy through DLPack.
+
+Inputs: anything with ``__dlpack__`` (numpy, torch, jax, cupy, ...), an ``sdpa.Tensor`` or
+a raw DLPack capsule. Outputs: the caller's framework type, chosen from the query.
+This module never imports numpy or torch itself; it uses them only when the caller's
+objects come from them.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from . import _C
+
+_DLPACK_VERSION = (1, 0)
+
+
+def is_torch_tensor(obj: Any) -> bool:
+    """True for a torch.Tensor, without importing torch."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _type_name(obj: Any) -> str:
+    t = type(obj)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def to_capsule(obj: Any, arg: str = "tensor") -> Any:
+    """Returns a DLPack capsule (or an sdpa.Tensor) for `obj`; raises TypeError naming
+    `arg` for objects that are not arrays."""
+    if isinstance(obj, _C.Tensor) or type(obj).__name__ == "PyCapsule":
+        return obj
+    if getattr(type(obj), "__dlpack__", None) is None:
+        raise TypeError(
+            f"{arg}: expected an array with __dlpack__ (numpy, torch, jax, ...), "
+            f"got {_type_name(obj)}")
+    if is_torch_tensor(obj) and obj.requires_grad:
+        # torch refuses to export tensors that require grad; sdpa only reads them.
+        obj = obj.detach()
+    try:
+        # DLPack 1.0 first: it can carry read-only arrays (numpy refuses those otherwise).
+        return obj.__dlpack__(max_version=_DLPACK_VERSION)
+    except TypeError:
+        pass  # A producer that predates max_version.
+    except BufferError as e:
+        raise TypeError(f"{arg}: cannot be exported through DLPack: {e}") from e
+    try:
+        return obj.__dlpack__()
+    except BufferError as e:
+        raise TypeError(f"{arg}: cannot be exported through DLPack: {e}") from e
+
+
+def like(tensor: "_C.Tensor", reference: Any) -> Any:
+    """Returns `tensor` as the framework type of `reference`, sharing memory."""
+    if is_torch_tensor(reference):
+        return sys.modules["torch"].from_dlpack(tensor)
+    module = type(reference).__module__.split(".", 1)[0]
+    if module == "numpy":
+        return sys.modules["numpy"].from_dlpack(tensor)
+    namespace = getattr(reference, "__array_namespace__", None)
+    if namespace is not None:  # jax.numpy, cupy, array-api-strict, ...
+        return namespace().from_dlpack(tensor)
+    if isinstance(reference, _C.Tensor) or type(reference).__name__ == "PyCapsule":
+        return tensor
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        return numpy.from_dlpack(tensor)
+    return tensor
+
+
+def dtype_name(dtype: Any) -> tuple[str, bool]:
+    """Returns (sdpa dtype name, True if `dtype` is a torch.dtype) for a str, a numpy
+    dtype or a torch.dtype."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dtype, torch.dtype):
+        return str(dtype).removeprefix("torch."), True
+    if isinstance(dtype, str):
+        return dtype, False
+    name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None)
+    if name is None:
+        raise TypeError(f"dtype: expected a str, numpy dtype or torch.dtype, got {dtype!r}")
+    return str(name), False
+
+
+def from_sdpa(tensor: "_C.Tensor", want_torch: bool) -> Any:
+    """numpy array (or torch tensor when asked, or for bfloat16) sharing `tensor`."""
+    if want_torch or tensor.dtype == "bfloat16":
+        import torch
+
+        return torch.from_dlpack(tensor)
+    import numpy
+
+    return numpy.from_dlpack(tensor)

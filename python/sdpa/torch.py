@@ -1,0 +1,189 @@
+"""sdpa for PyTorch: the ``sdpa::attention`` custom op with a fake kernel and autograd.
+
+``torch.ops.sdpa.attention`` (forward) and ``torch.ops.sdpa.attention_backward`` are
+torch.library custom ops, so gradients flow through ``loss.backward()`` and calls trace
+under ``torch.compile(fullgraph=True)`` as single opaque nodes::
+
+    import sdpa.torch
+    out = sdpa.torch.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.sum().backward()
+
+``sdpa.scaled_dot_product_attention`` routes torch tensors here by itself.
+
+Biases: built-in ``sdpa.attention.bias`` objects (and torch's CausalBias) travel to the op
+as a JSON string and run natively; others (Python subclasses, compositions with a tensor)
+are materialized into a dense mask first, which happens outside the graph, so build those
+before a compiled region or pass the dense tensor. Dropout: the op draws (seed, offset)
+from sdpa's default generator at run time and returns it, so the backward replays the
+same mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from . import _C
+from .attention import bias as _bias
+
+__all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_with_lse"]
+
+# (seed, offset) travel as int64 schema ints: seeds are uint64, stored two's complement.
+# An offset of -1 means "draw from sdpa's default generator inside the op".
+_DRAW = -1
+_U64 = 1 << 64
+
+
+def _signed(u: int) -> int:
+    return u - _U64 if u >= (1 << 63) else u
+
+
+def _unsigned(s: int) -> int:
+    return s + _U64 if s < 0 else s
+
+
+@torch.library.custom_op("sdpa::attention", mutates_args=())
+def _attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
+               bias: Optional[str], dropout_p: float, is_causal: bool, scale: Optional[float],
+               enable_gqa: bool, dropout_seed: int,
+               dropout_offset: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Returns (out, lse float32, info int64 [seed, offset, backend])."""
+    mask = attn_mask if attn_mask is not None else (_bias.from_spec(bias) if bias else None)
+    state = None if dropout_offset < 0 else (_unsigned(dropout_seed), dropout_offset)
+    out, lse, backend, (seed, offset) = _C.attention(
+        query, key, value, mask, dropout_p, is_causal, scale, enable_gqa, None, state)
+    info = torch.tensor([_signed(seed), offset, int(backend.value)], dtype=torch.int64)
+    return torch.from_dlpack(out), torch.from_dlpack(lse), info
+
+
+@_attention.register_fake
+def _attention_fake(query, key, value, attn_mask, bias, dropout_p, is_causal, scale,
+                    enable_gqa, dropout_seed, dropout_offset):
+    out = query.new_empty((*query.shape[:-1], value.shape[-1]))
+    lse = query.new_empty(query.shape[:-1], dtype=torch.float32)
+    info = query.new_empty((3,), dtype=torch.int64)
+    return out, lse, info
+
+
+@torch.library.custom_op("sdpa::attention_backward", mutates_args=())
+def _attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
+                        out: Tensor, lse: Tensor, info: Tensor, attn_mask: Optional[Tensor],
+                        bias: Optional[str], dropout_p: float, is_causal: bool,
+                        scale: Optional[float], enable_gqa: bool,
+                        attn_mask_requires_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Returns (grad_q, grad_k, grad_v, grad_attn_mask or an empty tensor)."""
+    mask = attn_mask if attn_mask is not None else (_bias.from_spec(bias) if bias else None)
+    state = None
+    if dropout_p > 0:
+        seed, offset = info[0].item(), info[1].item()
+        state = (_unsigned(seed), offset)
+    gq, gk, gv, gm, _ = _C.attention_backward(
+        grad_out, query, key, value, out, lse, mask, dropout_p, is_causal, scale, enable_gqa,
+        state, attn_mask_requires_grad)
+    grad_mask = torch.from_dlpack(gm) if gm is not None else query.new_empty((0,))
+    return torch.from_dlpack(gq), torch.from_dlpack(gk), torch.from_dlpack(gv), grad_mask
+
+
+@_attention_backward.register_fake
+def _attention_backward_fake(grad_out, query, key, value, out, lse, info, attn_mask, bias,
+                             dropout_p, is_causal, scale, enable_gqa, attn_mask_requires_grad):
+    grad_mask = (attn_mask.new_empty(attn_mask.shape) if attn_mask_requires_grad
+                 else query.new_empty((0,)))
+    return (query.new_empty(query.shape), key.new_empty(key.shape),
+            value.new_empty(value.shape), grad_mask)
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, attn_mask, bias, dropout_p, is_causal, scale, enable_gqa, _, _ = inputs
+    out, lse, info = output
+    ctx.save_for_backward(query, key, value, attn_mask, out, lse, info)
+    ctx.options = (bias, dropout_p, is_causal, scale, enable_gqa)
+    ctx.mark_non_differentiable(lse, info)
+
+
+def _backward(ctx, grad_out, grad_lse, grad_info):
+    query, key, value, attn_mask, out, lse, info = ctx.saved_tensors
+    bias, dropout_p, is_causal, scale, enable_gqa = ctx.options
+    mask_grad = attn_mask is not None and ctx.needs_input_grad[3]
+    gq, gk, gv, gm = torch.ops.sdpa.attention_backward(
+        grad_out, query, key, value, out, lse, info, attn_mask, bias, dropout_p, is_causal,
+        scale, enable_gqa, mask_grad)
+    return gq, gk, gv, (gm if mask_grad else None), None, None, None, None, None, None, None
+
+
+_attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _mask_args(attn_mask: Any, query: Tensor, key: Tensor) -> tuple[Optional[Tensor], Optional[str]]:
+    """(dense mask tensor, bias spec) for the op: at most one is set."""
+    if attn_mask is None:
+        return None, None
+    spec = _bias.spec_of(attn_mask)  # before the Tensor test: torch's CausalBias is a Tensor
+    if spec is not None:
+        return None, spec
+    if isinstance(attn_mask, Tensor):
+        return attn_mask, None
+    # A bias the op cannot rebuild (Python subclass, composition with a tensor, ...):
+    # materialize it once, here, into the dense mask it stands for.
+    if query.dim() == 4:
+        shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    else:
+        shape = (1, query.shape[0], query.shape[1], key.shape[1])
+    cpp = _bias.to_cpp_mask(attn_mask)
+    if not isinstance(cpp, _C.AttnBias):
+        cpp = _C.tensor_bias(cpp)
+    dense = torch.from_dlpack(cpp.materialize(shape, str(query.dtype).removeprefix("torch.")))
+    if query.dim() == 3:
+        dense = dense.squeeze(0) if dense.dim() == 4 else dense
+    return dense.to(query.device), None
+
+
+def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, generator,
+          dropout_state):
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor like query, got "
+                            f"{type(x).__qualname__} (an array with __dlpack__ for "
+                            "non-torch inputs)")
+    mask, spec = _mask_args(attn_mask, query, key)
+    seed, offset = 0, _DRAW
+    if dropout_state is not None:
+        seed, offset = _signed(int(dropout_state[0])), int(dropout_state[1])
+    elif generator is not None and dropout_p > 0:
+        s, o = generator.next_state()
+        seed, offset = _signed(s), o
+    return torch.ops.sdpa.attention(
+        query, key, value, mask, spec, float(dropout_p), bool(is_causal),
+        None if scale is None else float(scale), bool(enable_gqa), seed, offset)
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
+                                 attn_mask: Any = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False, *,
+                                 generator: Optional["_C.Generator"] = None) -> Tensor:
+    """torch.nn.functional.scaled_dot_product_attention through the sdpa::attention op
+    (differentiable in query, key, value and a float attn_mask)."""
+    out, _, _ = _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                      generator, None)
+    return out
+
+
+def scaled_dot_product_attention_with_lse(query: Tensor, key: Tensor, value: Tensor,
+                                          attn_mask: Any = None, dropout_p: float = 0.0,
+                                          is_causal: bool = False,
+                                          scale: Optional[float] = None,
+                                          enable_gqa: bool = False, *,
+                                          generator: Optional["_C.Generator"] = None,
+                                          dropout_state: Optional[tuple] = None):
+    """Returns sdpa.AttentionOutput(out, lse, backend, dropout_state); ``out`` is
+    differentiable, ``lse`` is not."""
+    from ._api import AttentionOutput
+
+    out, lse, info = _call(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                           enable_gqa, generator, dropout_state)
+    seed, offset, backend = info.tolist()
+    return AttentionOutput(out, lse, _C.SDPBackend(backend), (_unsigned(seed), offset))
+

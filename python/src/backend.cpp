@@ -1,0 +1,80 @@
+// SDPBackend, the per-thread sdpa_kernel guard, process-wide enable flags and the CPU
+// capability.
+
+#include <memory>
+
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.h"
+
+namespace sdpa::python {
+namespace {
+
+// Holds the C++ RAII guard between __enter__ and __exit__. The guard pushes onto a
+// thread-local stack, so it must be opened and closed on the same thread, innermost first:
+// sdpa/_kernel.py's context manager does both inside one `with` block.
+class KernelGuard {
+ public:
+  KernelGuard(std::vector<SDPBackend> backends, bool set_priority)
+      : backends_(std::move(backends)), set_priority_(set_priority) {}
+  void enter() {
+    if (guard_) throw nb::value_error("sdpa_kernel: this guard is already active");
+    guard_ = std::make_unique<sdpa_kernel>(backends_, set_priority_);
+  }
+  void exit() { guard_.reset(); }
+  bool active() const { return guard_ != nullptr; }
+
+ private:
+  std::vector<SDPBackend> backends_;
+  bool set_priority_;
+  std::unique_ptr<sdpa_kernel> guard_;
+};
+
+}  // namespace
+
+void bind_backend(nb::module_& m) {
+  nb::enum_<SDPBackend>(m, "SDPBackend",
+                        "Attention backends; names and values are PyTorch's "
+                        "torch.nn.attention.SDPBackend.")
+      .value("ERROR", SDPBackend::ERROR)
+      .value("MATH", SDPBackend::MATH)
+      .value("FLASH_ATTENTION", SDPBackend::FLASH_ATTENTION)
+      .value("EFFICIENT_ATTENTION", SDPBackend::EFFICIENT_ATTENTION)
+      .value("CUDNN_ATTENTION", SDPBackend::CUDNN_ATTENTION)
+      .value("OVERRIDEABLE", SDPBackend::OVERRIDEABLE);
+
+  m.def("parse_backend", [](std::string_view name) { return parse_backend(name); },
+        nb::arg("name"));
+  m.def("backend_name", [](SDPBackend b) { return std::string(backend_name(b)); });
+  m.def("default_priority_order", &default_priority_order);
+  m.def("active_backends", &active_backends,
+        "Backends the calling thread may use now, in the order they are tried.");
+
+  nb::class_<KernelGuard>(m, "_KernelGuard")
+      .def(nb::init<std::vector<SDPBackend>, bool>(), nb::arg("backends"),
+           nb::arg("set_priority") = false)
+      .def("enter", &KernelGuard::enter)
+      .def("exit", &KernelGuard::exit)
+      .def_prop_ro("active", &KernelGuard::active);
+
+  m.def("enable_math_sdp", &backends::enable_math_sdp, nb::arg("enabled"));
+  m.def("enable_flash_sdp", &backends::enable_flash_sdp, nb::arg("enabled"));
+  m.def("enable_mem_efficient_sdp", &backends::enable_mem_efficient_sdp, nb::arg("enabled"));
+  m.def("enable_cudnn_sdp", &backends::enable_cudnn_sdp, nb::arg("enabled"));
+  m.def("enable_overrideable_sdp", &backends::enable_overrideable_sdp, nb::arg("enabled"));
+  m.def("math_sdp_enabled", &backends::math_sdp_enabled);
+  m.def("flash_sdp_enabled", &backends::flash_sdp_enabled);
+  m.def("mem_efficient_sdp_enabled", &backends::mem_efficient_sdp_enabled);
+  m.def("cudnn_sdp_enabled", &backends::cudnn_sdp_enabled);
+  m.def("overrideable_sdp_enabled", &backends::overrideable_sdp_enabled);
+
+  m.def("get_cpu_capability", &backends::cpu::get_cpu_capability);
+  m.def("detected_cpu_capability", &backends::cpu::detected_cpu_capability);
+  m.def("set_cpu_capability",
+        [](std::string_view capability) { backends::cpu::set_cpu_capability(capability); },
+        nb::arg("capability"));
+}
+
+}  // namespace sdpa::python

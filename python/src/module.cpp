@@ -1,0 +1,17 @@
+// sdpa._C: the nanobind extension behind the `sdpa` package. Each family binds itself in
+// its own file; this one assembles the module and maps sdpa::Error to Python.
+
+#include "bindings.h"
+
+NB_MODULE(_C, m) {
+  namespace nb = nanobind;
+  m.doc() = "Bindings of the sdpa C++ library (use the `sdpa` package, not this module).";
+  // sdpa::Error (every invalid input) -> sdpa.Error, a ValueError carrying the C++ message.
+  nb::exception<sdpa::Error>(m, "Error", PyExc_ValueError);
+  sdpa::python::bind_tensor(m);
+  sdpa::python::bind_backend(m);
+  sdpa::python::bind_bias(m);
+  sdpa::python::bind_generator(m);
+  sdpa::python::bind_attention(m);
+  sdpa::python::bind_info(m);
+}

@@ -1,0 +1,209 @@
+// sdpa._C.Tensor and the DLPack capsule protocol, both directions, zero-copy.
+//
+// Import: a producer's __dlpack__() returns a PyCapsule named "dltensor" (DLManagedTensor,
+// DLPack < 1.0) or "dltensor_versioned" (DLManagedTensorVersioned, DLPack >= 1.0). The
+// consumer renames it "used_dltensor" / "used_dltensor_versioned" when it takes ownership,
+// so the capsule's destructor no longer frees it; from then on the deleter is ours to call.
+// Export: sdpa._C.Tensor.__dlpack__ hands out a fresh capsule per call whose destructor
+// frees the DLManagedTensor only while it is still unconsumed.
+
+#include <dlpack/dlpack.h>
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.h"
+#include "sdpa/dlpack.h"
+
+namespace sdpa::python {
+namespace {
+
+// DLPack 1.0's versioned struct; Debian's dlpack.h (0.6) predates it. The layout is part
+// of the stable DLPack ABI.
+struct DLPackVersion {
+  uint32_t major;
+  uint32_t minor;
+};
+struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersioned* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+};
+constexpr uint32_t kDLPackMajor = 1;
+
+constexpr const char* kLegacyName = "dltensor";
+constexpr const char* kLegacyUsedName = "used_dltensor";
+constexpr const char* kVersionedName = "dltensor_versioned";
+constexpr const char* kVersionedUsedName = "used_dltensor_versioned";
+
+// A legacy DLManagedTensor that owns a versioned one, so sdpa::from_dlpack (which takes
+// DLManagedTensor*) can import DLPack 1.0 capsules. The shape/strides arrays stay those
+// of the versioned tensor, which lives as long as this wrapper.
+DLManagedTensor* wrap_versioned(DLManagedTensorVersioned* versioned) {
+  auto* legacy = new DLManagedTensor{};
+  legacy->dl_tensor = versioned->dl_tensor;
+  legacy->manager_ctx = versioned;
+  legacy->deleter = [](DLManagedTensor* self) {
+    auto* v = static_cast<DLManagedTensorVersioned*>(self->manager_ctx);
+    if (v->deleter) v->deleter(v);
+    delete self;
+  };
+  return legacy;
+}
+
+// The legacy export, re-wrapped as DLPack 1.0 (sdpa::to_dlpack returns the legacy struct).
+DLManagedTensorVersioned* make_versioned(DLManagedTensor* legacy) {
+  auto* v = new DLManagedTensorVersioned{};
+  v->version = {kDLPackMajor, 0};
+  v->manager_ctx = legacy;
+  v->flags = 0;
+  v->dl_tensor = legacy->dl_tensor;
+  v->deleter = [](DLManagedTensorVersioned* self) {
+    auto* l = static_cast<DLManagedTensor*>(self->manager_ctx);
+    if (l->deleter) l->deleter(l);
+    delete self;
+  };
+  return v;
+}
+
+// Capsule destructors: free the tensor only if no consumer took it (name unchanged).
+// They may run with an exception pending, which must survive.
+void legacy_capsule_destructor(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, kLegacyName)) return;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kLegacyName));
+  if (managed != nullptr && managed->deleter) managed->deleter(managed);
+  PyErr_Restore(type, value, traceback);
+}
+
+void versioned_capsule_destructor(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, kVersionedName)) return;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  auto* managed =
+      static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(capsule, kVersionedName));
+  if (managed != nullptr && managed->deleter) managed->deleter(managed);
+  PyErr_Restore(type, value, traceback);
+}
+
+std::string python_type_name(nb::handle obj) {
+  return nb::cast<std::string>(nb::handle(Py_TYPE(obj.ptr())).attr("__qualname__"));
+}
+
+// Tensor.__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None).
+nb::object tensor_dlpack(const Tensor& self, nb::handle stream,
+                         std::optional<std::tuple<int, int>> max_version,
+                         std::optional<std::tuple<int, int>> dl_device,
+                         std::optional<bool> copy) {
+  (void)stream;  // CPU memory needs no stream synchronization.
+  if (dl_device) {
+    const auto [type, index] = *dl_device;
+    if (type != static_cast<int>(self.device().type) || index != self.device().index) {
+      throw nb::buffer_error("sdpa.Tensor.__dlpack__: cannot export to another device");
+    }
+  }
+  Tensor exported = (copy && *copy) ? self.clone() : self;
+  DLManagedTensor* legacy = to_dlpack(exported);
+  if (max_version && std::get<0>(*max_version) >= static_cast<int>(kDLPackMajor)) {
+    DLManagedTensorVersioned* v = make_versioned(legacy);
+    PyObject* cap = PyCapsule_New(v, kVersionedName, versioned_capsule_destructor);
+    if (cap == nullptr) {
+      v->deleter(v);
+      throw nb::python_error();
+    }
+    return nb::steal(cap);
+  }
+  PyObject* cap = PyCapsule_New(legacy, kLegacyName, legacy_capsule_destructor);
+  if (cap == nullptr) {
+    legacy->deleter(legacy);
+    throw nb::python_error();
+  }
+  return nb::steal(cap);
+}
+
+std::vector<int64_t> to_vector(const Shape& s) { return {s.begin(), s.end()}; }
+
+}  // namespace
+
+Tensor import_tensor(nb::handle obj, const char* arg) {
+  if (nb::isinstance<Tensor>(obj)) return nb::cast<const Tensor&>(obj);
+  PyObject* cap = obj.ptr();
+  if (PyCapsule_IsValid(cap, kVersionedName)) {
+    auto* v = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, kVersionedName));
+    // Consumed from here on: the deleter is ours to call, whatever happens next.
+    PyCapsule_SetName(cap, kVersionedUsedName);
+    if (v->version.major != kDLPackMajor) {
+      const uint32_t major = v->version.major;
+      if (v->deleter) v->deleter(v);
+      throw nb::value_error((std::string(arg) + ": expected DLPack major version 1, got " +
+                             std::to_string(major)).c_str());
+    }
+    return from_dlpack(wrap_versioned(v));
+  }
+  if (PyCapsule_IsValid(cap, kLegacyName)) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, kLegacyName));
+    PyCapsule_SetName(cap, kLegacyUsedName);
+    return from_dlpack(managed);
+  }
+  if (PyCapsule_CheckExact(cap)) {
+    throw nb::value_error((std::string(arg) + ": expected an unconsumed DLPack capsule, got "
+                           "one named '" + (PyCapsule_GetName(cap) ? PyCapsule_GetName(cap) : "") +
+                           "' (a capsule can be imported only once)").c_str());
+  }
+  throw nb::type_error((std::string(arg) + ": expected an array with __dlpack__ (numpy, "
+                        "torch, jax, ...), got " + python_type_name(obj)).c_str());
+}
+
+Tensor import_array(nb::handle obj, const char* arg) {
+  if (nb::isinstance<Tensor>(obj)) return nb::cast<const Tensor&>(obj);
+  // Leaked on purpose: a static nb::object would be released after the interpreter is gone.
+  static nb::handle to_capsule = [] {
+    nb::object f = nb::module_::import_("sdpa._convert").attr("to_capsule");
+    return f.release();
+  }();
+  nb::object capsule = to_capsule(obj, arg);
+  return import_tensor(capsule, arg);
+}
+
+nb::object export_tensor(Tensor tensor) { return nb::cast(std::move(tensor)); }
+
+void bind_tensor(nb::module_& m) {
+  nb::class_<Tensor>(m, "Tensor",
+      "A strided view of memory owned by the sdpa library or imported zero-copy through "
+      "DLPack. Convert with numpy.from_dlpack(t), torch.from_dlpack(t) or t.numpy().")
+      .def_static("from_dlpack", [](nb::handle obj) { return import_array(obj, "tensor"); },
+                  nb::arg("array"),
+                  "Wraps an array with __dlpack__ (or a DLPack capsule) without copying.")
+      .def_prop_ro("shape", [](const Tensor& t) { return nb::tuple(nb::cast(to_vector(t.sizes()))); })
+      .def_prop_ro("strides", [](const Tensor& t) { return nb::tuple(nb::cast(to_vector(t.strides()))); },
+                   "Strides in elements.")
+      .def_prop_ro("ndim", &Tensor::dim)
+      .def_prop_ro("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
+      .def_prop_ro("device", [](const Tensor& t) { return device_name(t.device()); })
+      .def_prop_ro("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); })
+      .def("is_contiguous", &Tensor::is_contiguous)
+      .def("__dlpack__", &tensor_dlpack, nb::kw_only(), nb::arg("stream") = nb::none(),
+           nb::arg("max_version") = nb::none(), nb::arg("dl_device") = nb::none(),
+           nb::arg("copy") = nb::none())
+      .def("__dlpack_device__", [](const Tensor& t) {
+        return std::make_tuple(static_cast<int>(t.device().type), t.device().index);
+      })
+      .def("numpy", [](nb::handle self) {
+        return nb::module_::import_("numpy").attr("from_dlpack")(self);
+      }, "Returns a numpy array sharing this tensor's memory.")
+      .def("__array__", [](nb::handle self, nb::handle dtype, nb::handle copy) {
+        nb::object np = nb::module_::import_("numpy");
+        nb::object a = np.attr("from_dlpack")(self);
+        if (!dtype.is_none()) a = a.attr("astype")(dtype);
+        if (!copy.is_none() && nb::cast<bool>(copy)) a = a.attr("copy")();
+        return a;
+      }, nb::arg("dtype") = nb::none(), nb::arg("copy") = nb::none())
+      .def("__repr__", [](const Tensor& t) { return "sdpa.Tensor(" + t.describe() + ")"; });
+}
+
+}  // namespace sdpa::python

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the Python package in a fresh virtual environment and runs pytest twice:
+#   1. with `import torch` blocked (SDPA_TESTS_WITHOUT_TORCH=1): the numpy-only tests
+#      prove they need no torch, the torch files skip;
+#   2. with torch (SDPA_TESTS_REQUIRE_TORCH=1): everything, torch parity and the custom op
+#      included; a missing torch fails the run instead of skipping.
+# Called by scripts/test.sh (and so by .ci/run). torch comes from PyPI: the default Linux
+# wheel (CUDA-enabled, used here on the CPU), pinned below; about 5.4 GB installed.
+# Environment: SDPA_PY_VENV (default build/venv-py), SDPA_TORCH_SPEC (default torch==2.15.0).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+venv="${SDPA_PY_VENV:-build/venv-py}"
+torch_spec="${SDPA_TORCH_SPEC:-torch==2.15.0}"
+
+rm -rf "$venv" build/python  # fresh venv and a fresh scikit-build tree
+python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+"$venv/bin/python" -m pip install -q "$torch_spec" numpy pytest
+# Isolated build: pip fetches scikit-build-core and nanobind from PyPI (pyproject.toml).
+"$venv/bin/python" -m pip install -q .
+
+SDPA_TESTS_WITHOUT_TORCH=1 "$venv/bin/python" -m pytest python/tests -q -p no:cacheprovider
+SDPA_TESTS_REQUIRE_TORCH=1 "$venv/bin/python" -m pytest python/tests -q -p no:cacheprovider

@@ -1,0 +1,263 @@
+"""The sdpa::attention torch.library custom op: opcheck, autograd, torch.compile
+(fullgraph, forward and backward), dropout replay, biases and DLPack with torch."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import sdpa  # noqa: E402
+import sdpa.torch  # noqa: E402
+from sdpa.attention import bias as B  # noqa: E402
+
+
+def qkv(*shape_q, s=None, hkv=None, ev=None, dtype=torch.float32, seed=0, grad=True):
+    gen = torch.Generator().manual_seed(seed)
+    *lead, h, L, E = shape_q
+    S = s or L
+    hk = hkv or h
+    q = torch.randn(*lead, h, L, E, generator=gen, dtype=dtype)
+    k = torch.randn(*lead, hk, S, E, generator=gen, dtype=dtype)
+    v = torch.randn(*lead, hk, S, ev or E, generator=gen, dtype=dtype)
+    return [x.requires_grad_(grad) for x in (q, k, v)]
+
+
+def op_args(q, k, v, mask=None, bias=None, dropout_p=0.0, is_causal=False, scale=None,
+            enable_gqa=False):
+    return (q, k, v, mask, bias, dropout_p, is_causal, scale, enable_gqa, 0, -1)
+
+
+@pytest.mark.parametrize("sample", [
+    "plain", "causal_gqa", "float_mask", "bool_mask", "bias_spec", "unbatched", "bfloat16"])
+def test_opcheck(sample):
+    q, k, v = qkv(2, 4, 5, 8, s=7, hkv=2 if sample == "causal_gqa" else None,
+                  dtype=torch.bfloat16 if sample == "bfloat16" else torch.float32)
+    args = {
+        "plain": lambda: op_args(q, k, v),
+        "bfloat16": lambda: op_args(q, k, v, scale=0.5),
+        "causal_gqa": lambda: op_args(q, k, v, is_causal=True, enable_gqa=True),
+        "float_mask": lambda: op_args(q, k, v, mask=torch.randn(5, 7, requires_grad=True)),
+        "bool_mask": lambda: op_args(q, k, v, mask=torch.rand(2, 1, 5, 7) < 0.7),
+        "bias_spec": lambda: op_args(q, k, v, bias=B.causal_lower_right(5, 7)._spec),
+        "unbatched": lambda: op_args(q[0], k[0], v[0], is_causal=True),
+    }[sample]()
+    torch.library.opcheck(torch.ops.sdpa.attention.default, args)
+
+
+def test_opcheck_backward():
+    q, k, v = qkv(2, 2, 5, 8, s=6, grad=False)
+    out, lse, info = torch.ops.sdpa.attention(*op_args(q, k, v, is_causal=True))
+    mask = torch.randn(2, 2, 5, 6)
+    out_m, lse_m, info_m = torch.ops.sdpa.attention(*op_args(q, k, v, mask=mask))
+    g = torch.randn_like(out)
+    for args in [
+        (g, q, k, v, out, lse, info, None, None, 0.0, True, None, False, False),
+        (g, q, k, v, out_m, lse_m, info_m, mask, None, 0.0, False, None, False, True),
+    ]:
+        torch.library.opcheck(torch.ops.sdpa.attention_backward.default, args)
+
+
+def test_outputs_and_lse():
+    q, k, v = qkv(2, 3, 6, 8)
+    r = sdpa.scaled_dot_product_attention_with_lse(q, k, v, is_causal=True)
+    assert isinstance(r, sdpa.AttentionOutput)
+    assert r.out.requires_grad and not r.lse.requires_grad
+    assert r.lse.dtype == torch.float32 and r.lse.shape == (2, 3, 6)
+    assert r.backend == sdpa.SDPBackend.FLASH_ATTENTION
+    scores = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(
+        ~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+    torch.testing.assert_close(r.lse, torch.logsumexp(scores, -1).detach())
+    with sdpa.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):  # torch's enum works too
+        assert sdpa.scaled_dot_product_attention_with_lse(q, k, v).backend == sdpa.SDPBackend.MATH
+    r.out.sum().backward()
+    assert q.grad is not None
+
+
+def test_backward_function_with_torch_tensors():
+    q, k, v = qkv(2, 3, 6, 8)
+    r = sdpa.scaled_dot_product_attention_with_lse(q, k, v)
+    g = torch.randn_like(r.out)
+    grads = sdpa.scaled_dot_product_attention_backward(g, q, k, v, r.out, r.lse)
+    assert all(isinstance(x, torch.Tensor) for x in grads[:3]) and grads.grad_attn_mask is None
+    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), g)
+    for a, b in zip(grads[:3], want):
+        torch.testing.assert_close(a, b)
+
+
+def test_dlpack_is_zero_copy_for_torch():
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        x = torch.randn(2, 3, 4, 8).to(dtype)
+        t = sdpa.Tensor.from_dlpack(x)
+        assert t.data_ptr == x.data_ptr() and t.dtype == str(dtype).removeprefix("torch.")
+        y = torch.from_dlpack(t)
+        assert y.data_ptr() == x.data_ptr() and y.dtype == dtype
+    x = torch.randn(4, 8, requires_grad=True)  # requires_grad tensors are read through detach
+    assert sdpa.Tensor.from_dlpack(x).data_ptr == x.data_ptr()
+
+
+def compiled_and_eager(fn, *inputs, backend="inductor"):
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    eager_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    loss_c = compiled(*inputs)
+    loss_e = fn(*eager_inputs)
+    loss_c.backward()
+    loss_e.backward()
+    torch.testing.assert_close(loss_c, loss_e)
+    for a, b in zip(inputs, eager_inputs):
+        if a.requires_grad:
+            torch.testing.assert_close(a.grad, b.grad)
+    return compiled
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph_forward_and_backward():
+    q, k, v = qkv(2, 4, 16, 32, hkv=2)
+    mask = torch.randn(16, 16, requires_grad=True)
+
+    def layer(q, k, v, mask):
+        a = sdpa.scaled_dot_product_attention(q.tanh(), k, v, attn_mask=mask, enable_gqa=True)
+        b = sdpa.torch.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
+                                                    scale=0.3)
+        return (a * b).sum() + a.square().mean()
+
+    compiled_and_eager(layer, q, k, v, mask)
+
+
+@pytest.mark.slow
+def test_torch_compile_with_native_bias_and_dynamic_shapes():
+    bias = B.compose(B.causal_lower_right(8, 12), B.AlibiBias(4))
+
+    def layer(q, k, v):
+        return sdpa.scaled_dot_product_attention(q, k, v, attn_mask=bias).pow(2).sum()
+
+    compiled_and_eager(layer, *qkv(2, 4, 8, 16, s=12), backend="aot_eager")
+    # torch's own CausalBias travels as a spec too.
+    import torch.nn.attention.bias as tb
+
+    causal = tb.causal_lower_right(8, 12)
+    compiled_and_eager(
+        lambda q, k, v: sdpa.scaled_dot_product_attention(q, k, v, attn_mask=causal).sum(),
+        *qkv(2, 4, 8, 16, s=12, seed=1), backend="aot_eager")
+
+    def dyn(q, k, v):
+        return sdpa.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+
+    compiled = torch.compile(dyn, fullgraph=True, dynamic=True, backend="aot_eager")
+    for L in (5, 9, 13):
+        q, k, v = qkv(1, 2, L, 8, seed=L)
+        compiled(q, k, v).backward()
+        want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True).sum(),
+                                   q)[0]
+        torch.testing.assert_close(q.grad, want)
+
+
+def test_python_bias_is_materialized_for_the_op():
+    class Banded(B.AttnBias):
+        def materialize(self, shape, dtype):
+            i = torch.arange(shape[2])[:, None]
+            j = torch.arange(shape[3])[None, :]
+            return (i - j).abs() <= 1
+
+    q, k, v = qkv(2, 2, 6, 8)
+    got = sdpa.scaled_dot_product_attention(q, k, v, attn_mask=Banded())
+    dense = (torch.arange(6)[:, None] - torch.arange(6)[None, :]).abs() <= 1
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)),
+                    torch.autograd.grad(want.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b)
+    # A composition with a dense tensor materializes as a whole; 3-D inputs too.
+    both = B.compose(B.causal_upper_left(6, 6), dense)
+    torch.testing.assert_close(
+        sdpa.scaled_dot_product_attention(q[0], k[0], v[0], attn_mask=both),
+        F.scaled_dot_product_attention(q[0], k[0], v[0], attn_mask=dense.tril()))
+
+
+def dropout_multiplier(q, k, p, state, **options):
+    """The [.., L, S] multiplier (0 or 1/(1-p)) of a dropout call with `state`, read back
+    by attending to V = identity."""
+    S = k.shape[-2]
+    eye = torch.eye(S, dtype=q.dtype).expand(*k.shape[:-2], S, S)
+    r = sdpa.scaled_dot_product_attention_with_lse(q.detach(), k.detach(), eye, dropout_p=p,
+                                                   dropout_state=state, **options)
+    return (r.out > 0).to(q.dtype) / (1 - p)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_dropout_gradients_replay_the_forward_mask(dtype):
+    p = 0.25
+    q, k, v = qkv(2, 2, 12, 8, s=16, dtype=dtype, seed=5)
+    sdpa.manual_seed(2024)
+    r = sdpa.scaled_dot_product_attention_with_lse(q, k, v, dropout_p=p, is_causal=True)
+    g = torch.randn_like(r.out)
+    grads = torch.autograd.grad(r.out, (q, k, v), g)
+    D = dropout_multiplier(q, k, p, r.dropout_state, is_causal=True)
+    allowed = torch.ones(12, 16, dtype=torch.bool).tril()
+    assert 0.6 < (D[..., allowed] > 0).float().mean() < 0.9  # about 1 - p survive
+    # Reference with the same mask: softmax, multiply by D, @ V; autograd for gradients.
+    scores = (q @ k.transpose(-1, -2)) / 8 ** 0.5
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    want = (scores.softmax(-1) * D) @ v
+    tol = {"atol": 1e-10, "rtol": 1e-9} if dtype == torch.float64 else {}
+    torch.testing.assert_close(r.out, want, **tol)
+    for a, b in zip(grads, torch.autograd.grad(want, (q, k, v), g)):
+        torch.testing.assert_close(a, b, **tol)
+    # The plain function draws from the same default generator: same seed, same result.
+    sdpa.manual_seed(2024)
+    again = sdpa.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+    torch.testing.assert_close(again, r.out, atol=0, rtol=0)
+    gen = sdpa.Generator(2024)
+    with_gen = sdpa.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
+                                                 generator=gen)
+    torch.testing.assert_close(with_gen, r.out, atol=0, rtol=0)
+
+
+@pytest.mark.slow
+def test_dropout_under_torch_compile_draws_at_run_time():
+    q, k, v = qkv(1, 2, 8, 8, seed=9)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(q, k, v):
+        return sdpa.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+
+    a, b = f(q, k, v), f(q, k, v)
+    assert not torch.equal(a, b)  # fresh randomness per call, not baked into the graph
+    sdpa.manual_seed(1)
+    c = f(q, k, v)
+    sdpa.manual_seed(1)
+    torch.testing.assert_close(c, f(q, k, v), atol=0, rtol=0)
+    c.sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+def test_errors_with_torch_tensors():
+    q, k, v = qkv(2, 2, 4, 8)
+    with pytest.raises(ValueError, match="key: expected dtype float32"):
+        sdpa.scaled_dot_product_attention(q, k.double(), v)
+    with pytest.raises(ValueError, match="attn_mask: expected no mask when is_causal"):
+        sdpa.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.bool),
+                                          is_causal=True)
+    with pytest.raises(TypeError, match="value: expected a torch.Tensor"):
+        sdpa.scaled_dot_product_attention(q, k, [1.0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["import sdpa, torch", "import torch, sdpa"])
+def test_compile_works_whichever_is_imported_first(order):
+    # sdpa.torch is imported by sdpa/__init__ when torch is already loaded, and by the
+    # first torch call otherwise (a plain import statement, which the tracer runs).
+    import subprocess
+    import sys
+
+    code = order + """
+q = torch.randn(1, 2, 5, 8, requires_grad=True)
+f = torch.compile(lambda q: sdpa.scaled_dot_product_attention(q, q, q, is_causal=True).sum(),
+                  fullgraph=True, backend="aot_eager")
+f(q).backward()
+want = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
+    q, q, q, is_causal=True).sum(), q)[0]
+torch.testing.assert_close(q.grad, want)
+print("ok")
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

@@ -1,0 +1,149 @@
+// The CPU dispatch key's kernels. attention.out and attention_backward[.out] run the
+// backend selection chose (MATH / FLASH_ATTENTION, through the backend table); the
+// functional attention and both in-place variants are derived by the registry.
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "dispatch/backend_impl.h"
+#include "dispatch/lowering.h"
+#include "registry/registry_impl.h"
+
+namespace sdpa::registry {
+namespace {
+
+const detail::BackendImpl& cpu_impl(OpCall& call) {
+  call.backend = cpu_backend_for(*call.params, call.backend);
+  return detail::backend_impl(call.backend);
+}
+
+// attention.out: writes out [B, Hq, L, Ev] and lse [B, Hq, L] (contiguous).
+void attention_out(OpCall& call) {
+  const AttentionParams& p = *call.params;
+  const detail::BackendImpl& impl = cpu_impl(call);
+  impl.forward(impl.native_bias ? p : with_materialized_bias(p), call.args.at(0),
+               call.args.at(1));
+}
+
+// attention_backward: returns grad_q/k/v, the full [B, Hq, L, S] mask gradient when asked
+// for, and the flex captured tensors' gradients as the Tensor[] return.
+void attention_backward(OpCall& call) {
+  const AttentionParams& p = *call.params;
+  const detail::BackendImpl& impl = cpu_impl(call);
+  detail::BackwardOutputs outputs;
+  outputs.grad_q = Tensor::empty(p.q.sizes(), p.dtype);
+  outputs.grad_k = Tensor::empty(p.k.sizes(), p.dtype);
+  outputs.grad_v = Tensor::empty(p.v.sizes(), p.dtype);
+  if (p.attn_mask_requires_grad) {
+    outputs.grad_mask = Tensor::empty({p.batch, p.num_heads_q, p.q_len, p.kv_len}, p.dtype);
+  }
+  impl.backward(impl.native_bias ? p : with_materialized_bias(p), outputs);
+  call.returns = {outputs.grad_q, outputs.grad_k, outputs.grad_v, outputs.grad_mask};
+  call.tensor_list = std::move(outputs.grad_captured);
+}
+
+// attention_backward.out: writes grad_q/k/v (contiguous; no mask gradient).
+void attention_backward_out(OpCall& call) {
+  const AttentionParams& p = *call.params;
+  const detail::BackendImpl& impl = cpu_impl(call);
+  detail::BackwardOutputs outputs;
+  outputs.grad_q = call.args.at(0);
+  outputs.grad_k = call.args.at(1);
+  outputs.grad_v = call.args.at(2);
+  impl.backward(impl.native_bias ? p : with_materialized_bias(p), outputs);
+}
+
+// Merges two partial attention results row by row in float64 (see registry.h).
+std::tuple<Tensor, Tensor> cpu_merge_attention_states(const Tensor& out_a, const Tensor& lse_a,
+                                                  const Tensor& out_b, const Tensor& lse_b) {
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+  const Tensor oa = out_a.to(DType::kFloat64), ob = out_b.to(DType::kFloat64);
+  const Tensor la = lse_a.to(DType::kFloat64), lb = lse_b.to(DType::kFloat64);
+  Tensor out = Tensor::empty(out_a.sizes(), out_a.dtype());
+  Tensor lse = Tensor::empty(lse_a.sizes(), DType::kFloat32);
+  Tensor out64 = Tensor::empty(out_a.sizes(), DType::kFloat64);
+  const int64_t rows = la.numel();
+  const int64_t width = out_a.size(-1);
+  const double* pa = oa.data<double>();
+  const double* pb = ob.data<double>();
+  double* po = out64.data<double>();
+  float* plse = lse.data<float>();
+  for (int64_t row = 0; row < rows; ++row) {
+    const double a = la.data<double>()[row], b = lb.data<double>()[row];
+    const double m = std::max(a, b);
+    double* dst = po + row * width;
+    if (m == kNegInf) {  // no key on either side: a fully masked row
+      for (int64_t e = 0; e < width; ++e) dst[e] = 0.0;
+      plse[row] = -std::numeric_limits<float>::infinity();
+      continue;
+    }
+    const double wa = std::exp(a - m), wb = std::exp(b - m);  // one of them is 1
+    const double sum = wa + wb;
+    for (int64_t e = 0; e < width; ++e) {
+      const double va = wa == 0.0 ? 0.0 : wa * pa[row * width + e];
+      const double vb = wb == 0.0 ? 0.0 : wb * pb[row * width + e];
+      dst[e] = (va + vb) / sum;
+    }
+    plse[row] = static_cast<float>(m + std::log(sum));
+  }
+  out.copy_(out64);
+  return {out, lse};
+}
+
+// Returns the call's mask as an additive [B, Hq, L, S] tensor of the query dtype.
+Tensor cpu_materialize_bias(const AttentionParams& p) {
+  const BiasShape shape{p.batch, p.num_heads_q, p.q_len, p.kv_len};
+  Tensor dense;  // broadcastable to shape.scores(): bool (keep) or additive
+  if (p.bias) {
+    // A tensor mask (or a bias only materialize() describes) is already lowered to its
+    // [B, Hq, L, S] view, on the host also in the CPU fallback.
+    const bool lowered_dense = p.bias->needs_materialization() ||
+                               dynamic_cast<const TensorBias*>(p.bias.get()) != nullptr;
+    dense = lowered_dense ? p.mask.dense : p.bias->materialize(shape, p.dtype);
+  } else if (!p.mask.bands.empty()) {
+    dense = causal_upper_left(p.q_len, p.kv_len)->materialize(shape, p.dtype);  // is_causal
+  }
+  Tensor bias = Tensor::zeros(shape.scores(), p.dtype);
+  if (!dense.defined()) return bias;
+  const Tensor full = dense.expand(shape.scores());
+  if (full.dtype() != DType::kBool) {
+    bias.copy_(full);
+    return bias;
+  }
+  const Tensor keep = full.to(DType::kBool);
+  const bool* k = keep.data<bool>();
+  const int64_t n = bias.numel();
+  Tensor minus_inf = Tensor::full({1}, -std::numeric_limits<double>::infinity(), p.dtype);
+  const size_t esize = element_size(p.dtype);
+  for (int64_t i = 0; i < n; ++i) {
+    if (!k[i]) {
+      std::memcpy(static_cast<char*>(bias.data_ptr()) + i * esize, minus_inf.data_ptr(), esize);
+    }
+  }
+  return bias;
+}
+
+}  // namespace
+
+SDPBackend cpu_backend_for(const AttentionParams& params, SDPBackend chosen) {
+  if (chosen == SDPBackend::MATH || chosen == SDPBackend::FLASH_ATTENTION) return chosen;
+  std::vector<SDPBackend> cpu;
+  for (SDPBackend b : active_backends()) {
+    if (b == SDPBackend::MATH || b == SDPBackend::FLASH_ATTENTION) cpu.push_back(b);
+  }
+  if (cpu.empty()) cpu = {SDPBackend::FLASH_ATTENTION, SDPBackend::MATH};
+  sdpa_kernel guard(cpu, /*set_priority=*/true);
+  return select_backend(params);
+}
+
+void register_cpu_kernels(BackendHandle cpu) {
+  cpu.impl_boxed("attention.out", attention_out)
+      .impl_boxed("attention_backward", attention_backward)
+      .impl_boxed("attention_backward.out", attention_backward_out)
+      .impl(op::merge_attention_states, cpu_merge_attention_states)
+      .impl(op::materialize_bias, cpu_materialize_bias);
+}
+
+}  // namespace sdpa::registry

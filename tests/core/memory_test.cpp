@@ -1,0 +1,132 @@
+// memory_stats(): allocated storage is counted (now and peak), imported memory is not.
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "sdpa/sdpa.h"
+#include "sdpa/tensor.h"
+
+namespace sdpa {
+namespace {
+
+TEST(MemoryStats, AllocationsAreCountedAndReleased) {
+  const MemoryStats before = memory_stats();
+  {
+    const Tensor t = Tensor::empty({1024}, DType::kFloat32);
+    const MemoryStats during = memory_stats();
+    // 4096 bytes, possibly rounded up to the 64-byte alignment.
+    EXPECT_GE(during.current_bytes - before.current_bytes, 4096);
+    EXPECT_LT(during.current_bytes - before.current_bytes, 4096 + 64);
+    EXPECT_GE(during.peak_bytes, during.current_bytes);
+    // Views and copies of the handle allocate nothing.
+    const Tensor view = t.slice(0, 10, 20).unsqueeze(0).transpose(0, 1);
+    const Tensor alias = t;  // NOLINT(performance-unnecessary-copy-initialization)
+    EXPECT_EQ(memory_stats().current_bytes, during.current_bytes);
+  }
+  EXPECT_EQ(memory_stats().current_bytes, before.current_bytes);
+}
+
+TEST(MemoryStats, PeakAndReset) {
+  reset_peak_memory();
+  const MemoryStats base = memory_stats();
+  EXPECT_EQ(base.peak_bytes, base.current_bytes);
+  {
+    const Tensor big = Tensor::zeros({1 << 20}, DType::kFloat64);  // 8 MiB
+    const Tensor small = Tensor::zeros({100}, DType::kFloat16);
+  }
+  const MemoryStats after = memory_stats();
+  EXPECT_EQ(after.current_bytes, base.current_bytes);
+  EXPECT_GE(after.peak_bytes - base.current_bytes, (8 << 20) + 200);
+  reset_peak_memory();
+  EXPECT_EQ(memory_stats().peak_bytes, memory_stats().current_bytes);
+}
+
+TEST(MemoryStats, ImportedMemoryIsNotCounted) {
+  std::vector<float> buf(1 << 16);
+  const MemoryStats before = memory_stats();
+  {
+    const Tensor t = Tensor::from_blob(buf.data(), {1 << 16}, {1}, DType::kFloat32);
+    EXPECT_EQ(memory_stats().current_bytes, before.current_bytes);
+  }
+  EXPECT_EQ(memory_stats().current_bytes, before.current_bytes);
+}
+
+TEST(MemoryStats, CopiesAndConversionsAllocateTheirResult) {
+  const Tensor t = Tensor::zeros({64, 64}, DType::kFloat32);
+  const MemoryStats before = memory_stats();
+  {
+    const Tensor h = t.to(DType::kBFloat16);
+    EXPECT_GE(memory_stats().current_bytes - before.current_bytes, 64 * 64 * 2);
+  }
+  {
+    const Tensor c = t.transpose(0, 1).contiguous();
+    EXPECT_GE(memory_stats().current_bytes - before.current_bytes, 64 * 64 * 4);
+  }
+  EXPECT_EQ(memory_stats().current_bytes, before.current_bytes);
+}
+
+// An attention call frees all its scratch: only the returned tensors stay counted.
+TEST(MemoryStats, AttentionCallsReleaseTheirScratch) {
+  const Tensor q = Tensor::full({1, 2, 300, 64}, 0.5, DType::kFloat32);
+  const Tensor k = Tensor::full({1, 2, 300, 64}, 0.25, DType::kFloat32);
+  const Tensor v = Tensor::full({1, 2, 300, 64}, 1.0, DType::kFloat32);
+  for (SDPBackend b : {SDPBackend::MATH, SDPBackend::FLASH_ATTENTION}) {
+    sdpa_kernel guard(b);
+    const MemoryStats before = memory_stats();
+    {
+      const AttentionResult r = scaled_dot_product_attention_with_lse(q, k, v);
+      EXPECT_EQ(r.backend, b);
+      EXPECT_GE(memory_stats().current_bytes - before.current_bytes, 300 * 64 * 2 * 4);
+    }
+    EXPECT_EQ(memory_stats().current_bytes, before.current_bytes) << backend_name(b);
+  }
+}
+
+// FLASH never materializes the [L, S] scores (issue 2): its peak extra memory stays far
+// below the score matrix.
+TEST(MemoryStats, FlashDoesNotMaterializeTheScoreMatrix) {
+  const int64_t l = 2048, s = 2048;
+  const Tensor q = Tensor::full({1, 1, l, 64}, 0.01, DType::kFloat32);
+  const Tensor k = Tensor::full({1, 1, s, 64}, 0.02, DType::kFloat32);
+  const Tensor v = Tensor::full({1, 1, s, 64}, 1.0, DType::kFloat32);
+  const int64_t scores_bytes = l * s * 4;  // 16 MiB
+  sdpa_kernel guard(SDPBackend::FLASH_ATTENTION);
+  reset_peak_memory();
+  const int64_t base = memory_stats().current_bytes;
+  const Tensor out = scaled_dot_product_attention(q, k, v);
+  const int64_t extra = memory_stats().peak_bytes - base;
+  EXPECT_GE(extra, l * 64 * 4) << "the output itself is counted";
+  EXPECT_LT(extra, scores_bytes / 4) << "FLASH peak extra memory " << extra;
+}
+
+// Out of memory is an sdpa::Error, not std::bad_alloc or a crash.
+TEST(Storage, ImpossibleAllocationsThrowSdpaError) {
+  EXPECT_THROW(Storage::allocate(size_t{1} << 62), Error);
+  EXPECT_THROW(Tensor::empty({int64_t{1} << 60}, DType::kFloat32), Error);
+}
+
+TEST(Storage, AllocateIsAlignedAndWrapReleasesOnce) {
+  for (size_t n : {size_t{1}, size_t{63}, size_t{65}, size_t{4096}}) {
+    const auto s = Storage::allocate(n);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(s->data()) % kAlignment, 0u);
+    EXPECT_GE(s->nbytes(), n);
+    EXPECT_EQ(s->device(), Device{});
+  }
+  int released = 0;
+  float buf[4] = {};
+  {
+    auto s = Storage::wrap(buf, sizeof(buf), Device{DeviceType::kCUDA, 2}, [&] { ++released; });
+    EXPECT_EQ(s->data(), buf);
+    EXPECT_EQ(s->nbytes(), sizeof(buf));
+    EXPECT_EQ(s->device(), (Device{DeviceType::kCUDA, 2}));
+    auto copy = s;
+    s.reset();
+    EXPECT_EQ(released, 0);
+  }
+  EXPECT_EQ(released, 1);
+}
+
+}  // namespace
+}  // namespace sdpa

@@ -1,0 +1,208 @@
+// CPU capability: reporting, forcing AVX-512 / AVX2 / scalar per thread, and a
+// representative subset of the correctness sweep re-run under every capability this CPU
+// supports, so each compiled flash kernel is checked against the reference.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "common/harness.h"
+#include "cpu/capability.h"
+#include "cpu/flash_tile.h"
+
+namespace sdpa::test {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+namespace bcpu = sdpa::backends::cpu;
+
+int rank_of(const std::string& c) { return c == "AVX512" ? 2 : c == "AVX2" ? 1 : 0; }
+
+// Restores the default capability when a test ends, even on failure.
+struct CapabilityReset {
+  ~CapabilityReset() { bcpu::set_cpu_capability(""); }
+};
+
+std::vector<std::string> supported_capabilities() {
+  std::vector<std::string> out;
+  for (const char* c : {"AVX512", "AVX2", "DEFAULT"}) {
+    if (rank_of(c) <= rank_of(bcpu::detected_cpu_capability())) out.emplace_back(c);
+  }
+  return out;
+}
+
+TEST(Capability, ReportsOneOfTheKnownLevels) {
+  EXPECT_THAT(bcpu::get_cpu_capability(), AnyOf("AVX512", "AVX2", "DEFAULT"));
+  EXPECT_THAT(bcpu::detected_cpu_capability(), AnyOf("AVX512", "AVX2", "DEFAULT"));
+  EXPECT_LE(rank_of(bcpu::get_cpu_capability()), rank_of(bcpu::detected_cpu_capability()));
+}
+
+// Run once plainly and once by ctest with SDPA_CPU_CAPABILITY set (tests/CMakeLists.txt):
+// the variable lowers the level and is ignored when unknown or above the CPU's.
+TEST(Capability, EnvironmentVariableLowersTheLevel) {
+  const char* env = std::getenv("SDPA_CPU_CAPABILITY");
+  const std::string detected = bcpu::detected_cpu_capability();
+  std::string expected = detected;
+  if (env != nullptr) {
+    const std::string want = env;
+    const bool known = want == "AVX512" || want == "AVX2" || want == "DEFAULT";
+    if (known && rank_of(want) <= rank_of(detected)) expected = want;
+  }
+  EXPECT_EQ(bcpu::get_cpu_capability(), expected) << "SDPA_CPU_CAPABILITY=" << (env ? env : "");
+}
+
+TEST(Capability, SetForcesEverySupportedLevelAndEmptyRestores) {
+  CapabilityReset reset;
+  const std::string initial = bcpu::get_cpu_capability();
+  for (const std::string& c : supported_capabilities()) {
+    bcpu::set_cpu_capability(c);
+    EXPECT_EQ(bcpu::get_cpu_capability(), c);
+    EXPECT_EQ(std::string(cpu::capability_name(cpu::active_capability())), c);
+  }
+  bcpu::set_cpu_capability("");
+  EXPECT_EQ(bcpu::get_cpu_capability(), initial);
+}
+
+TEST(Capability, SetRejectsUnknownAndUnattainableLevels) {
+  CapabilityReset reset;
+  for (const char* bad : {"SSE9", "avx3", "NEON", " AVX2"}) {
+    try {
+      bcpu::set_cpu_capability(bad);
+      ADD_FAILURE() << "set_cpu_capability(\"" << bad << "\") did not throw";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(bad));
+    }
+  }
+  if (bcpu::detected_cpu_capability() != "AVX512") {
+    EXPECT_THROW(bcpu::set_cpu_capability("AVX512"), Error);
+  }
+}
+
+TEST(Capability, OverrideIsThreadLocal) {
+  CapabilityReset reset;
+  const std::string initial = bcpu::get_cpu_capability();
+  bcpu::set_cpu_capability("DEFAULT");
+  std::string seen_in_other_thread;
+  std::thread t([&] { seen_in_other_thread = bcpu::get_cpu_capability(); });
+  t.join();
+  EXPECT_EQ(seen_in_other_thread, initial);
+  EXPECT_EQ(bcpu::get_cpu_capability(), "DEFAULT");
+}
+
+// Each level has its own compiled flash kernel (so forcing a level changes the code run).
+TEST(Capability, EachLevelHasItsOwnFlashKernel) {
+  const auto scalar = cpu::flash_q_block_for(cpu::Capability::kDefault);
+  const auto avx2 = cpu::flash_q_block_for(cpu::Capability::kAVX2);
+  const auto avx512 = cpu::flash_q_block_for(cpu::Capability::kAVX512);
+  ASSERT_NE(scalar, nullptr);
+  ASSERT_NE(avx2, nullptr);
+  ASSERT_NE(avx512, nullptr);
+  EXPECT_NE(scalar, avx2);
+  EXPECT_NE(avx2, avx512);
+  EXPECT_NE(scalar, avx512);
+}
+
+// The representative subset: odd sizes around the tile and vector widths, masks, causal,
+// GQA, half types, strided layouts, masked rows and dropout.
+std::vector<Case> representative_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) { cases.push_back(c); };
+  for (const auto& [l, s] : {std::pair<int64_t, int64_t>{1, 1}, {7, 63}, {65, 257}, {63, 65}}) {
+    for (int64_t e : {8, 24, 80}) {
+      Case c;
+      c.heads_q = c.heads_kv = 2;
+      c.q_len = l;
+      c.kv_len = s;
+      c.head_dim = e;
+      c.head_dim_v = e == 24 ? 80 : e;
+      c.causal = (l + e) % 2 == 1;
+      add(c);
+    }
+  }
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+    Case c;
+    c.batch = 2;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.enable_gqa = true;
+    c.q_len = 65;
+    c.kv_len = 129;
+    c.head_dim = 64;
+    c.dtype = dtype;
+    c.q_layout = Layout::kBSHD;
+    c.kv_layout = Layout::kSliceD;
+    c.causal = true;
+    add(c);
+    c.causal = false;
+    c.mask = MaskKind::kBool;
+    c.mask_shape = {2, 1, 65, 129};
+    c.masked_rows = {0, 64};
+    add(c);
+    c.mask = MaskKind::kFloat;
+    c.mask_shape = {1, 8, 1, 129};
+    c.masked_rows.clear();
+    add(c);
+  }
+  {
+    Case c;
+    c.heads_q = 6;
+    c.heads_kv = 3;
+    c.enable_gqa = true;
+    c.q_len = 257;
+    c.kv_len = 63;
+    c.head_dim = 128;
+    c.head_dim_v = 24;
+    c.q_layout = Layout::kHeadDimMajor;
+    c.kv_layout = Layout::kStridedD;
+    add(c);
+    c.dropout_p = 0.2;
+    c.head_dim = 256;
+    add(c);
+  }
+  {
+    Case c;
+    c.unbatched = true;
+    c.heads_q = c.heads_kv = 2;
+    c.q_len = 33;
+    c.kv_len = 1000;
+    c.head_dim = 64;
+    c.input_std = 3.0;
+    c.causal = true;
+    add(c);
+  }
+  return cases;
+}
+
+class ForcedCapability : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ForcedCapability, RepresentativeSweepMatchesReference) {
+  const std::string capability = GetParam();
+  if (rank_of(capability) > rank_of(bcpu::detected_cpu_capability())) {
+    GTEST_SKIP() << capability << " is not supported by this CPU ("
+                 << bcpu::detected_cpu_capability() << ")";
+  }
+  CapabilityReset reset;
+  bcpu::set_cpu_capability(capability);
+  ASSERT_EQ(bcpu::get_cpu_capability(), capability);
+  SweepTally tally;
+  for (const Case& c : representative_cases()) {
+    const CaseReport r = check_case(c);
+    EXPECT_TRUE(r.ran_backend(SDPBackend::FLASH_ATTENTION))
+        << capability << ": FLASH_ATTENTION did not run " << c.describe();
+    EXPECT_TRUE(r.ran_backend(SDPBackend::MATH)) << capability << ": " << c.describe();
+    tally.add(r);
+    ASSERT_EQ(bcpu::get_cpu_capability(), capability) << "a call changed the capability";
+  }
+  tally.print("capability " + capability);
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, ForcedCapability,
+                         ::testing::Values("AVX512", "AVX2", "DEFAULT"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace sdpa::test

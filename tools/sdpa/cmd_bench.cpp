@@ -1,0 +1,222 @@
+// `sdpa bench`: sweeps shapes x backends and reports time, throughput and extra memory.
+//
+// Structure, so new flags slot in without reshaping: the flags expand into BenchCases
+// (sweep), each case becomes a Workload (inputs plus the call to time: forward today; a
+// backward pass or a flex variant would be another Workload maker), every (case, backend)
+// is measured the same way, and rows go to a Report whose columns every output format
+// shares.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common.h"
+#include "report.h"
+
+namespace sdpa::cli {
+namespace {
+
+struct BenchOptions {
+  int64_t batch = 1;
+  int64_t heads = 8;
+  std::optional<int64_t> kv_heads;  // default: heads
+  std::vector<int64_t> seq_lens = {128, 256, 512, 1024, 2048, 4096};
+  int64_t head_dim = 64;
+  std::string dtype = "float32";
+  std::string causal = "both";
+  std::vector<std::string> backends;
+  int repeats = 5;
+  int warmup = 1;
+  uint64_t max_math_bytes = uint64_t{2} << 30;
+  uint32_t seed = 0;
+  bool json = false;
+  bool csv = false;
+};
+
+// One point of the sweep.
+struct BenchCase {
+  int64_t batch, heads_q, heads_kv, seq_len, head_dim;
+  DType dtype;
+  bool causal;
+
+  std::string describe() const {
+    return "B=" + std::to_string(batch) + " Hq=" + std::to_string(heads_q) +
+           " Hkv=" + std::to_string(heads_kv) + " L=S=" + std::to_string(seq_len) +
+           " E=" + std::to_string(head_dim) + " " + std::string(dtype_name(dtype)) +
+           (causal ? " causal" : "");
+  }
+};
+
+std::vector<BenchCase> sweep(const BenchOptions& o) {
+  const DType dtype = parse_dtype(o.dtype);
+  const int64_t kv_heads = o.kv_heads.value_or(o.heads);
+  if (o.heads % kv_heads != 0) {
+    throw UsageError("--heads " + std::to_string(o.heads) + " must be a multiple of --kv-heads " +
+                     std::to_string(kv_heads));
+  }
+  std::vector<bool> causal_modes;
+  if (o.causal != "on") causal_modes.push_back(false);
+  if (o.causal != "off") causal_modes.push_back(true);
+  std::vector<BenchCase> cases;
+  for (const int64_t seq_len : o.seq_lens) {
+    for (const bool causal : causal_modes) {
+      cases.push_back({o.batch, o.heads, kv_heads, seq_len, o.head_dim, dtype, causal});
+    }
+  }
+  return cases;
+}
+
+// What is timed for one case: a call with its inputs bound.
+struct Workload {
+  AttentionParams params;  // for explain() and the FLOP count
+  double flops = 0.0;
+  std::function<void()> call;
+};
+
+Workload make_forward_workload(const BenchCase& c, uint32_t seed) {
+  const Tensor q = randn({c.batch, c.heads_q, c.seq_len, c.head_dim}, c.dtype, seed);
+  const Tensor k = randn({c.batch, c.heads_kv, c.seq_len, c.head_dim}, c.dtype, seed + 1);
+  const Tensor v = randn({c.batch, c.heads_kv, c.seq_len, c.head_dim}, c.dtype, seed + 2);
+  SDPAOptions options;
+  options.is_causal = c.causal;
+  options.enable_gqa = c.heads_q != c.heads_kv;
+  Workload w;
+  w.params = make_params(q, k, v, options);
+  w.flops = forward_flops(w.params, c.causal);
+  w.call = [q, k, v, options] { scaled_dot_product_attention_with_lse(q, k, v, options); };
+  return w;
+}
+
+struct Measurement {
+  double median_ms = 0.0;
+  double min_ms = 0.0;
+  int64_t peak_extra_bytes = 0;  // peak allocation above what was held before the call
+};
+
+Measurement measure(const std::function<void()>& call, int warmup, int repeats) {
+  Measurement m;
+  // The memory probe doubles as the first warm-up call.
+  reset_peak_memory();
+  const int64_t before = memory_stats().current_bytes;
+  call();
+  m.peak_extra_bytes = memory_stats().peak_bytes - before;
+  const std::vector<double> ms = time_ms(call, std::max(warmup - 1, 0), repeats);
+  m.median_ms = median(ms);
+  m.min_ms = *std::min_element(ms.begin(), ms.end());
+  return m;
+}
+
+// Why `backend` is not measured on `w`, or nullopt when it is.
+std::optional<std::string> skip_reason(SDPBackend backend, const Workload& w,
+                                       const Explanation& e, const BenchOptions& o) {
+  const AttentionParams& p = w.params;
+  if (backend == SDPBackend::MATH) {
+    const uint64_t score_bytes = static_cast<uint64_t>(p.batch) * p.num_heads_q * p.q_len *
+                                 p.kv_len * sizeof(float);
+    if (score_bytes > o.max_math_bytes) {
+      return "its " + format_bytes(static_cast<int64_t>(score_bytes)) +
+             " score buffer exceeds --max-math-bytes " +
+             format_bytes(static_cast<int64_t>(o.max_math_bytes));
+    }
+  }
+  for (const BackendVerdict& v : e.verdicts) {
+    if (v.backend != backend) continue;
+    if (v.allowed && v.supported) return std::nullopt;
+    std::string reasons;
+    for (const std::string& r : v.reasons) reasons += (reasons.empty() ? "" : "; ") + r;
+    return reasons;
+  }
+  return "no verdict from explain()";
+}
+
+Report make_report(const BenchOptions& o) {
+  Report r;
+  r.context = {{"sdpa", version()},
+               {"cpu_capability", backends::cpu::get_cpu_capability()},
+               {"omp_threads", std::to_string(omp_get_max_threads())},
+               {"repeats", std::to_string(o.repeats)},
+               {"warmup", std::to_string(o.warmup)}};
+  r.columns = {{"batch"},   {"heads_q"}, {"heads_kv"},     {"q_len"},  {"kv_len"},
+               {"head_dim"}, {"dtype"},  {"causal"},       {"backend"}, {"median_ms", 3},
+               {"min_ms", 3}, {"gflops", 1}, {"peak_extra_bytes"}};
+  return r;
+}
+
+int run_bench(const BenchOptions& o) {
+  const std::vector<BenchCase> cases = sweep(o);
+  const std::vector<SDPBackend> backends =
+      o.backends.empty() ? default_priority_order() : parse_backends(o.backends);
+  Report report = make_report(o);
+  report.num_cases = cases.size();
+  size_t step = 0;
+  const size_t steps = cases.size() * backends.size();
+  for (const BenchCase& c : cases) {
+    const Workload w = make_forward_workload(c, o.seed);
+    const Explanation e = explain(w.params);
+    for (const SDPBackend backend : backends) {
+      const std::string name(backend_name(backend));
+      std::cerr << "[" << ++step << "/" << steps << "] " << c.describe() << " " << name << ": ";
+      if (const auto reason = skip_reason(backend, w, e, o)) {
+        std::cerr << "skipped (" << *reason << ")\n";
+        report.skipped.push_back({c.describe(), name, *reason});
+        continue;
+      }
+      const sdpa_kernel only(backend);
+      const Measurement m = measure(w.call, o.warmup, o.repeats);
+      const double gflops = w.flops / (m.median_ms * 1e6);
+      std::cerr << std::fixed << std::setprecision(3) << m.median_ms << " ms, "
+                << std::setprecision(1) << gflops << " GFLOP/s\n";
+      report.rows.push_back({c.batch, c.heads_q, c.heads_kv, c.seq_len, c.seq_len, c.head_dim,
+                             std::string(dtype_name(c.dtype)), c.causal, name, m.median_ms,
+                             m.min_ms, gflops, m.peak_extra_bytes});
+    }
+  }
+  write_report(report, o.json ? ReportFormat::kJson : o.csv ? ReportFormat::kCsv : ReportFormat::kTable,
+               std::cout);
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& parent) {
+  CLI::App* app = parent.add_subcommand(
+      "bench", "Time backends over a sweep of shapes (progress on stderr, results on stdout)");
+  auto o = std::make_shared<BenchOptions>();
+  const auto positive = CLI::PositiveNumber;
+  app->add_option("--batch", o->batch, "Batch size B")->check(positive)->capture_default_str();
+  app->add_option("--heads", o->heads, "Query heads Hq")->check(positive)->capture_default_str();
+  app->add_option("--kv-heads", o->kv_heads, "Key/value heads Hkv (default: Hq; GQA when fewer)")
+      ->check(positive);
+  app->add_option("--seq-lens", o->seq_lens, "Comma-separated sequence lengths (L = S)")
+      ->delimiter(',')
+      ->check(positive)
+      ->capture_default_str();
+  app->add_option("--head-dim", o->head_dim, "Head dim E = Ev")->check(positive)->capture_default_str();
+  app->add_option("--dtype", o->dtype, "Element type")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16", "float64"}))
+      ->capture_default_str();
+  app->add_option("--causal", o->causal, "Causal cases: both, on or off")
+      ->check(CLI::IsMember({"both", "on", "off"}))
+      ->capture_default_str();
+  add_backends_option(*app, o->backends);
+  app->add_option("--repeats", o->repeats, "Timed calls per row")->check(positive)->capture_default_str();
+  app->add_option("--warmup", o->warmup, "Untimed calls first (the first also measures memory)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app->add_option("--max-math-bytes", o->max_math_bytes,
+                  "Skip MATH when its B*Hq*L*S float32 score buffer exceeds this (e.g. 2GiB)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  app->add_option("--seed", o->seed, "Seed of the random inputs")->capture_default_str();
+  CLI::Option* json = app->add_flag("--json", o->json, "Write JSON instead of a table");
+  CLI::Option* csv = app->add_flag("--csv", o->csv, "Write CSV instead of a table");
+  json->excludes(csv);
+  return {app, [o] { return run_bench(*o); }};
+}
+
+}  // namespace sdpa::cli

@@ -1,0 +1,106 @@
+// `sdpa explain`: which backend would run a call of the given shape and options, and why
+// every other backend would not. Tensors are allocated but never read.
+
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common.h"
+
+namespace sdpa::cli {
+namespace {
+
+struct ExplainOptions {
+  int64_t batch = 1;
+  int64_t heads_q = 8;
+  std::optional<int64_t> heads_kv;  // default: heads_q
+  int64_t q_len = 128;
+  std::optional<int64_t> kv_len;    // default: q_len
+  int64_t head_dim = 64;
+  std::optional<int64_t> head_dim_v;  // default: head_dim
+  std::string dtype = "float32";
+  std::string mask = "none";
+  bool causal = false;
+  double dropout = 0.0;
+  bool gqa = false;
+  std::string layout = "bhsd";
+  std::vector<std::string> backends;
+  bool priority = false;
+};
+
+// Returns an uninitialized [batch, heads, seq, dim] view; with layout bshd the memory is
+// [batch, seq, heads, dim] (the layout of a projection's output before transposing).
+Tensor make_input(const ExplainOptions& o, int64_t heads, int64_t seq, int64_t dim, DType dtype) {
+  if (o.layout == "bshd") return Tensor::empty({o.batch, seq, heads, dim}, dtype).transpose(1, 2);
+  return Tensor::empty({o.batch, heads, seq, dim}, dtype);
+}
+
+int run_explain(const ExplainOptions& o) {
+  const int64_t heads_kv = o.heads_kv.value_or(o.heads_q);
+  const int64_t kv_len = o.kv_len.value_or(o.q_len);
+  const int64_t head_dim_v = o.head_dim_v.value_or(o.head_dim);
+  const DType dtype = parse_dtype(o.dtype);
+  if (o.priority && o.backends.empty()) throw UsageError("--priority needs --backends");
+
+  const Tensor q = make_input(o, o.heads_q, o.q_len, o.head_dim, dtype);
+  const Tensor k = make_input(o, heads_kv, kv_len, o.head_dim, dtype);
+  const Tensor v = make_input(o, heads_kv, kv_len, head_dim_v, dtype);
+  SDPAOptions options;
+  // [B, 1, L, S]: one mask per sequence (padding-style), broadcast over heads.
+  if (o.mask == "bool") options.attn_mask = Tensor::empty({o.batch, 1, o.q_len, kv_len}, DType::kBool);
+  if (o.mask == "float") options.attn_mask = Tensor::empty({o.batch, 1, o.q_len, kv_len}, dtype);
+  options.is_causal = o.causal;
+  options.dropout_p = o.dropout;
+  options.enable_gqa = o.gqa;
+
+  std::unique_ptr<sdpa_kernel> guard;
+  if (!o.backends.empty()) guard = std::make_unique<sdpa_kernel>(parse_backends(o.backends), o.priority);
+  AttentionParams params;
+  try {
+    params = make_params(q, k, v, options);
+  } catch (const Error& e) {
+    // Every input came from a flag, so an invalid call is a bad flag combination.
+    throw UsageError(e.what());
+  }
+  std::cout << "q " << q.describe() << ", k " << k.describe() << ", v " << v.describe()
+            << " (layout " << o.layout << ")\n"
+            << "attn_mask " << options.attn_mask.describe() << ", is_causal "
+            << (o.causal ? "true" : "false") << ", dropout_p " << o.dropout << ", enable_gqa "
+            << (o.gqa ? "true" : "false") << ", scale " << params.scale << "\n\n"
+            << explain(params).to_string();
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_explain_command(CLI::App& parent) {
+  CLI::App* app = parent.add_subcommand(
+      "explain", "Show which backend would run a call and why the others would not");
+  auto o = std::make_shared<ExplainOptions>();
+  const auto positive = CLI::PositiveNumber;
+  app->add_option("-b,--batch", o->batch, "Batch size B")->check(positive)->capture_default_str();
+  app->add_option("--heads-q", o->heads_q, "Query heads Hq")->check(positive)->capture_default_str();
+  app->add_option("--heads-kv", o->heads_kv, "Key/value heads Hkv (default: Hq)")->check(positive);
+  app->add_option("--q-len", o->q_len, "Query length L")->check(positive)->capture_default_str();
+  app->add_option("--kv-len", o->kv_len, "Key/value length S (default: L)")->check(positive);
+  app->add_option("--head-dim", o->head_dim, "Query/key head dim E")->check(positive)->capture_default_str();
+  app->add_option("--head-dim-v", o->head_dim_v, "Value head dim Ev (default: E)")->check(positive);
+  app->add_option("--dtype", o->dtype, "Element type")
+      ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}))
+      ->capture_default_str();
+  app->add_option("--mask", o->mask, "attn_mask: none, bool or float, shaped [B, 1, L, S]")
+      ->check(CLI::IsMember({"none", "bool", "float"}))
+      ->capture_default_str();
+  app->add_flag("--causal", o->causal, "is_causal=True");
+  app->add_option("--dropout", o->dropout, "dropout_p")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app->add_flag("--gqa", o->gqa, "enable_gqa=True");
+  app->add_option("--layout", o->layout, "Memory layout of q, k, v")
+      ->check(CLI::IsMember({"bhsd", "bshd"}))
+      ->capture_default_str();
+  add_backends_option(*app, o->backends);
+  app->add_flag("--priority", o->priority, "Try --backends in the given order");
+  return {app, [o] { return run_explain(*o); }};
+}
+
+}  // namespace sdpa::cli

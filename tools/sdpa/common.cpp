@@ -1,0 +1,123 @@
+#include "common.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <random>
+
+#ifndef SDPA_SOURCE_DIR
+#error "SDPA_SOURCE_DIR must name the source tree (set in tools/CMakeLists.txt)"
+#endif
+
+namespace sdpa::cli {
+
+CLI::Validator backend_validator() {
+  return CLI::Validator(
+      [](std::string& name) -> std::string {
+        try {
+          parse_backend(name);
+        } catch (const Error& e) {
+          return e.what();
+        }
+        return {};
+      },
+      "BACKEND", "backend");
+}
+
+std::vector<SDPBackend> parse_backends(const std::vector<std::string>& names) {
+  std::vector<SDPBackend> out;
+  for (const std::string& name : names) out.push_back(parse_backend(name));
+  return out;
+}
+
+CLI::Option* add_backends_option(CLI::App& app, std::vector<std::string>& names) {
+  return app
+      .add_option("--backends", names,
+                  "Comma-separated backends to allow (math, flash, efficient, cudnn, "
+                  "overrideable); default: all")
+      ->delimiter(',')
+      ->check(backend_validator());
+}
+
+Tensor randn(const Shape& shape, DType dtype, uint32_t seed) {
+  Tensor t = Tensor::empty(shape, DType::kFloat64);
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> normal;
+  double* d = t.data<double>();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) d[i] = normal(gen);
+  return dtype == DType::kFloat64 ? t : t.to(dtype);
+}
+
+std::vector<double> time_ms(const std::function<void()>& fn, int warmup, int repeats) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> times;
+  times.reserve(static_cast<size_t>(std::max(repeats, 0)));
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const auto t1 = std::chrono::steady_clock::now();
+    times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return times;
+}
+
+double median(std::vector<double> values) {
+  SDPA_CHECK(!values.empty(), "median: expected at least one value");
+  const auto mid = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), mid, values.end());
+  return *mid;
+}
+
+ErrorStats compare(const Tensor& actual, const Tensor& expected) {
+  SDPA_CHECK(actual.sizes() == expected.sizes(), "compare: expected shape ",
+             shape_str(expected.sizes()), ", got ", shape_str(actual.sizes()));
+  const Tensor a = actual.to(DType::kFloat64);
+  const Tensor b = expected.to(DType::kFloat64);
+  const double* pa = a.data<double>();
+  const double* pb = b.data<double>();
+  double max_abs = 0.0, max_ref = 0.0;
+  for (int64_t i = 0, n = a.numel(); i < n; ++i) {
+    const double diff = std::abs(pa[i] - pb[i]);
+    // A NaN on either side is a failure, not a zero error (std::max would drop it).
+    max_abs = std::isnan(diff) ? std::numeric_limits<double>::infinity() : std::max(max_abs, diff);
+    if (std::isfinite(pb[i])) max_ref = std::max(max_ref, std::abs(pb[i]));
+  }
+  ErrorStats stats;
+  stats.max_abs = max_abs;
+  stats.max_rel = max_abs == 0.0 ? 0.0
+                  : max_ref == 0.0 ? std::numeric_limits<double>::infinity()
+                                   : max_abs / max_ref;
+  return stats;
+}
+
+double forward_flops(const AttentionParams& p, bool causal) {
+  const double score_elems =
+      static_cast<double>(p.batch) * p.num_heads_q * p.q_len * p.kv_len;
+  const double flops = 2.0 * score_elems * static_cast<double>(p.head_dim_qk + p.head_dim_vo);
+  return causal ? flops / 2.0 : flops;
+}
+
+std::string format_bytes(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (std::abs(value) >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, unit == 0 ? "%.0f %s" : "%.1f %s", value, kUnits[unit]);
+  return buf;
+}
+
+std::filesystem::path data_file(const std::string& name) {
+  if (const char* dir = std::getenv("SDPA_DATA_DIR"); dir != nullptr && *dir != '\0') {
+    return std::filesystem::path(dir) / name;
+  }
+  return std::filesystem::path(SDPA_SOURCE_DIR) / "data" / name;
+}
+
+}  // namespace sdpa::cli

@@ -1,0 +1,77 @@
+#pragma once
+// Helpers shared by the `sdpa` subcommands: exit codes, backend lists, random inputs,
+// timing, error metrics and FLOP counts.
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "sdpa/sdpa.h"
+
+namespace sdpa::cli {
+
+/// Process exit codes of `sdpa`.
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitError = 1,        ///< sdpa::Error or I/O failure
+  kExitUsage = 2,        ///< bad flags or flag combinations
+  kExitCheckFailed = 3,  ///< `sdpa run`: a backend exceeded the tolerance
+};
+
+/// A flag or flag combination that cannot work; main prints it and exits with kExitUsage.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A registered subcommand and the action to run once its flags are parsed.
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+Command add_info_command(CLI::App& parent);
+Command add_explain_command(CLI::App& parent);
+Command add_run_command(CLI::App& parent);
+Command add_bench_command(CLI::App& parent);
+
+/// Validator accepting whatever sdpa::parse_backend accepts ("flash", "MATH", ...).
+CLI::Validator backend_validator();
+/// Parses backend names (already validated by backend_validator()).
+std::vector<SDPBackend> parse_backends(const std::vector<std::string>& names);
+/// Adds `--backends NAME,...` to `app`, storing into `names`.
+CLI::Option* add_backends_option(CLI::App& app, std::vector<std::string>& names);
+
+/// Standard-normal tensor (std::mt19937 seeded with `seed`), converted to `dtype`. Never
+/// zeros: zeros hide masking and softmax bugs.
+Tensor randn(const Shape& shape, DType dtype, uint32_t seed);
+
+/// Milliseconds of each of `repeats` calls of `fn`, after `warmup` untimed calls.
+std::vector<double> time_ms(const std::function<void()>& fn, int warmup, int repeats);
+/// Median of a non-empty sample (the upper median for an even count).
+double median(std::vector<double> values);
+
+/// How far `actual` is from `expected` (same shape, any dtypes), computed in float64.
+struct ErrorStats {
+  double max_abs = 0.0;  ///< max |actual - expected|; +inf when either holds a NaN
+  double max_rel = 0.0;  ///< max_abs / max |expected|
+};
+/// Throws sdpa::Error when the shapes differ.
+ErrorStats compare(const Tensor& actual, const Tensor& expected);
+
+/// Multiply-adds of one forward call, counted as 2 FLOPs each: q k^T is B·Hq·L·S·E and
+/// P v is B·Hq·L·S·Ev; a causal call computes about half of the scores.
+double forward_flops(const AttentionParams& params, bool causal);
+
+/// "1.5 KiB", "2.0 GiB".
+std::string format_bytes(int64_t bytes);
+
+/// The shipped capture data/<name>: under $SDPA_DATA_DIR when set, else the source tree.
+std::filesystem::path data_file(const std::string& name);
+
+}  // namespace sdpa::cli
