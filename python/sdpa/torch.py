@@ -116,7 +116,8 @@ def _backward(ctx, grad_out, grad_lse, grad_info):
 _attention.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _mask_args(attn_mask: Any, query: Tensor, key: Tensor) -> tuple[Optional[Tensor], Optional[str]]:
+def _mask_args(attn_mask: Any, query: Tensor,
+               key: Tensor) -> tuple[Optional[Tensor], Optional[str]]:
     """(dense mask tensor, bias spec) for the op: at most one is set."""
     if attn_mask is None:
         return None, None

@@ -2,6 +2,8 @@
 // capability.
 
 #include <memory>
+#include <stdexcept>
+#include <thread>
 
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
@@ -14,22 +16,36 @@ namespace {
 
 // Holds the C++ RAII guard between __enter__ and __exit__. The guard pushes onto a
 // thread-local stack, so it must be opened and closed on the same thread, innermost first:
-// sdpa/_kernel.py's context manager does both inside one `with` block.
+// sdpa/_kernel.py's context manager does both inside one `with` block. Closing it from
+// another thread would pop that thread's stack, so that is refused.
 class KernelGuard {
  public:
   KernelGuard(std::vector<SDPBackend> backends, bool set_priority)
       : backends_(std::move(backends)), set_priority_(set_priority) {}
+  ~KernelGuard() {
+    // Collected while still open on another thread: leak the guard rather than pop the
+    // wrong thread's stack.
+    if (guard_ && std::this_thread::get_id() != owner_) (void)guard_.release();
+  }
   void enter() {
     if (guard_) throw nb::value_error("sdpa_kernel: this guard is already active");
     guard_ = std::make_unique<sdpa_kernel>(backends_, set_priority_);
+    owner_ = std::this_thread::get_id();
   }
-  void exit() { guard_.reset(); }
+  void exit() {
+    if (guard_ && std::this_thread::get_id() != owner_) {
+      throw std::runtime_error("sdpa_kernel: a guard must be closed on the thread that "
+                               "opened it");
+    }
+    guard_.reset();
+  }
   bool active() const { return guard_ != nullptr; }
 
  private:
   std::vector<SDPBackend> backends_;
   bool set_priority_;
   std::unique_ptr<sdpa_kernel> guard_;
+  std::thread::id owner_;
 };
 
 }  // namespace

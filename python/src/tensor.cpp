@@ -161,12 +161,16 @@ Tensor import_tensor(nb::handle obj, const char* arg) {
 
 Tensor import_array(nb::handle obj, const char* arg) {
   if (nb::isinstance<Tensor>(obj)) return nb::cast<const Tensor&>(obj);
-  // Leaked on purpose: a static nb::object would be released after the interpreter is gone.
-  static nb::handle to_capsule = [] {
+  // sdpa._convert.to_capsule, looked up once. A plain pointer guarded by the GIL rather
+  // than a function-local static: a static's init lock, held across an import that drops
+  // the GIL, can deadlock against a second thread. Never released (the interpreter may be
+  // gone when statics are destroyed).
+  static PyObject* to_capsule = nullptr;
+  if (to_capsule == nullptr) {
     nb::object f = nb::module_::import_("sdpa._convert").attr("to_capsule");
-    return f.release();
-  }();
-  nb::object capsule = to_capsule(obj, arg);
+    if (to_capsule == nullptr) to_capsule = f.release().ptr();
+  }
+  nb::object capsule = nb::handle(to_capsule)(obj, arg);
   return import_tensor(capsule, arg);
 }
 

@@ -8,7 +8,8 @@ import sys
 if os.environ.get("SDPA_TESTS_WITHOUT_TORCH") == "1":
     sys.modules["torch"] = None  # `import torch` now raises ImportError.
 elif os.environ.get("SDPA_TESTS_REQUIRE_TORCH") == "1":
-    import torch  # noqa: F401  (fails the run when torch is missing)
+    # Fails the run when torch is missing.
+    import torch  # noqa: F401
 
 import numpy as np
 import pytest

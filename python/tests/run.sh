@@ -6,16 +6,19 @@
 #      included; a missing torch fails the run instead of skipping.
 # Called by scripts/test.sh (and so by .ci/run). torch comes from PyPI: the default Linux
 # wheel (CUDA-enabled, used here on the CPU), pinned below; about 5.4 GB installed.
-# Environment: SDPA_PY_VENV (default build/venv-py), SDPA_TORCH_SPEC (default torch==2.15.0).
+# jax (CPU jaxlib, about 380 MB) runs the jax tests.
+# Environment: SDPA_PY_VENV (default build/venv-py), SDPA_TORCH_SPEC (default torch==2.15.0),
+# SDPA_JAX_SPEC (default jax==0.10.2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv="${SDPA_PY_VENV:-build/venv-py}"
 torch_spec="${SDPA_TORCH_SPEC:-torch==2.15.0}"
+jax_spec="${SDPA_JAX_SPEC:-jax==0.10.2}"
 
 rm -rf "$venv" build/python  # fresh venv and a fresh scikit-build tree
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q "$torch_spec" numpy pytest
+"$venv/bin/python" -m pip install -q "$torch_spec" "$jax_spec" numpy pytest
 # Isolated build: pip fetches scikit-build-core and nanobind from PyPI (pyproject.toml).
 "$venv/bin/python" -m pip install -q .
 

@@ -47,8 +47,8 @@ def biases():
 
 
 def inputs(rng, shape, dtype=np.float64):
-    b, h, l, s = shape
-    return (rng.standard_normal((b, h, l, 8)).astype(dtype),
+    b, h, n_q, s = shape
+    return (rng.standard_normal((b, h, n_q, 8)).astype(dtype),
             rng.standard_normal((b, h, s, 8)).astype(dtype),
             rng.standard_normal((b, h, s, 8)).astype(dtype))
 

@@ -185,7 +185,8 @@ def test_sdpa_tensor_exports_versioned_and_legacy(rng):
     (lambda q: sdpa.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((4, 4), np.float64)),
      ValueError, "attn_mask: expected dtype bool or float32"),
     (lambda q: sdpa.scaled_dot_product_attention(
-        q, q, q, attn_mask=sdpa.attention.bias.causal_lower_right(3, 4)), ValueError, "CausalBias was made for L=3, S=4"),
+        q, q, q, attn_mask=sdpa.attention.bias.causal_lower_right(3, 4)), ValueError,
+     "CausalBias was made for L=3, S=4"),
     (lambda q: sdpa.scaled_dot_product_attention_backward(q, q, q, q, q, q[..., 0],
                                                           dropout_p=0.5),
      ValueError, "dropout_state"),

@@ -18,7 +18,7 @@ def run_threads(*targets):
         def run():
             try:
                 fn()
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:
                 errors.append(e)
         return run
 
@@ -125,3 +125,23 @@ def test_gil_is_released_during_compute(rng):
     worker.join()
     assert duration[0] > 0.05, "the call is too short to tell"
     assert longest_stall < 0.5 * duration[0], (longest_stall, duration[0])
+
+
+def test_guard_cannot_be_closed_from_another_thread():
+    default = sdpa.backends.active_backends()
+    guard = sdpa._C._KernelGuard([sdpa.SDPBackend.MATH], False)
+    guard.enter()
+    errors = []
+
+    def close_elsewhere():
+        try:
+            guard.exit()
+        except RuntimeError as e:
+            errors.append(str(e))
+        assert sdpa.backends.active_backends() == default  # this thread was never guarded
+
+    run_threads(close_elsewhere)
+    assert errors and "thread that opened it" in errors[0]
+    assert sdpa.backends.active_backends() == [sdpa.SDPBackend.MATH]
+    guard.exit()
+    assert sdpa.backends.active_backends() == default

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import sdpa  # noqa: E402
-import sdpa.torch  # noqa: E402,F401
+import sdpa.torch  # noqa: E402
 from sdpa.attention import bias as B  # noqa: E402
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]

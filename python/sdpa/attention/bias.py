@@ -19,7 +19,6 @@ masks). It then runs on every backend through the dense path::
 
 from __future__ import annotations
 
-import enum
 import functools
 import json
 from typing import Any, Iterable, Optional, Sequence, Union
@@ -196,7 +195,8 @@ class BlockDiagonalBias(_NativeBias):
     def __init__(self, cu_seqlens_q: Iterable[int], cu_seqlens_kv: Optional[Iterable[int]] = None,
                  causal: bool = False, alignment: Any = "top_left"):
         self.cu_seqlens_q = [int(x) for x in _as_list(cu_seqlens_q)]
-        self.cu_seqlens_kv = [] if cu_seqlens_kv is None else [int(x) for x in _as_list(cu_seqlens_kv)]
+        self.cu_seqlens_kv = ([] if cu_seqlens_kv is None
+                              else [int(x) for x in _as_list(cu_seqlens_kv)])
         self.causal = bool(causal)
         self.alignment = _alignment(alignment)
         super().__init__(
