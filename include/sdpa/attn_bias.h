@@ -157,8 +157,10 @@ std::vector<float> alibi_slopes(int64_t num_heads);
 /// queries [cu_seqlens_q[d], cu_seqlens_q[d+1]) attend only to keys
 /// [cu_seqlens_kv[d], cu_seqlens_kv[d+1]); optionally causal inside each document
 /// (aligned as given: top-left is xFormers' BlockDiagonalCausalMask, bottom-right its
-/// BlockDiagonalCausalFromBottomRightMask). Every positional bias composed with it
-/// (causal, window, ALiBi) is measured inside the document.
+/// BlockDiagonalCausalFromBottomRightMask). Only its own causal band is measured inside
+/// the document; other biases composed with it keep their own frame (a CausalBias or
+/// LocalAttentionBias counts from the whole [L, S], PaddedKeysBias from the valid keys),
+/// so the composition is the intersection of its parts' materializations.
 class BlockDiagonalBias : public AttnBias {
  public:
   /// cu_seqlens_* start at 0 and are non-decreasing with the same number of documents;
@@ -199,7 +201,9 @@ class PaddedKeysBias : public AttnBias {
 };
 
 /// Several biases at once (masks intersect, additive terms add), e.g. documents + causal
-/// + ALiBi + padding, lowered without materializing when every part can be.
+/// + ALiBi + padding, lowered without materializing when every part can be. Every part is
+/// checked against the call (documents covering L and S, lengths per batch...) whether the
+/// composition runs natively or is materialized.
 class ComposedBias : public AttnBias {
  public:
   /// Throws sdpa::Error when `parts` is empty or holds a null.

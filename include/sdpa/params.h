@@ -23,9 +23,11 @@ struct BlockMask;
 enum class DiagonalAlignment { kTopLeft, kBottomRight };
 
 /// The coordinates a band is measured in. kSequence: query i of q_len, key j of kv_len.
-/// kSegment: relative to the row's segment, i.e. its document (packed varlen) restricted
-/// to the batch's valid keys (padding), so "causal inside each document" is one band.
-enum class BandFrame { kSequence, kSegment };
+/// kDocument: relative to the row's document (packed varlen), so "causal inside each
+/// document" is one band. kValidKeys: query i of q_len, key j of the batch's valid keys
+/// [0, kv_lengths[b]) (right padding). Each band keeps its own frame when composed, so a
+/// composition is exactly the intersection of its parts.
+enum class BandFrame { kSequence, kDocument, kValidKeys };
 
 /// A diagonal band of allowed (query i, key j) pairs: in its frame, with d = 0
 /// (top-left) or kv_len - q_len (bottom-right), key j takes part when

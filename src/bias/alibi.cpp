@@ -41,9 +41,7 @@ AlibiBias::AlibiBias(std::vector<float> slopes, DiagonalAlignment alignment)
 }
 
 Tensor AlibiBias::materialize(const BiasShape& shape, DType dtype) const {
-  SDPA_CHECK(static_cast<int64_t>(slopes_.size()) == shape.num_heads_q, "attn_mask: AlibiBias "
-             "has ", slopes_.size(), " slopes but the call has ", shape.num_heads_q,
-             " query heads");
+  bias_detail::check_fits(*this, shape);
   const int64_t d = alignment_ == DiagonalAlignment::kBottomRight ? shape.kv_len - shape.q_len : 0;
   return bias_detail::additive_bias(
       shape.num_heads_q, shape.q_len, shape.kv_len, dtype, [&](int64_t h, int64_t i, int64_t j) {

@@ -45,7 +45,7 @@ BlockDiagonalBias::BlockDiagonalBias(std::vector<int64_t> cu_seqlens_q,
   check_offsets(cu_kv_, "cu_seqlens_kv");
   SDPA_CHECK(cu_q_.size() == cu_kv_.size(), "BlockDiagonalBias: expected as many kv documents "
              "as q documents (", cu_q_.size() - 1, "), got ", cu_kv_.size() - 1);
-  if (causal) band_ = DiagonalBand{alignment, std::nullopt, 0, BandFrame::kSegment};
+  if (causal) band_ = DiagonalBand{alignment, std::nullopt, 0, BandFrame::kDocument};
 }
 
 std::shared_ptr<BlockDiagonalBias> BlockDiagonalBias::from_seqlens(
@@ -58,6 +58,7 @@ std::shared_ptr<BlockDiagonalBias> BlockDiagonalBias::from_seqlens(
 }
 
 Tensor BlockDiagonalBias::materialize(const BiasShape& shape, DType) const {
+  bias_detail::check_fits(*this, shape);
   return bias_detail::bool_mask(1, shape.q_len, shape.kv_len, [&](int64_t, int64_t i, int64_t j) {
     if (i >= cu_q_.back() || j >= cu_kv_.back()) return false;
     const int64_t d = document_of(cu_q_, i);
@@ -95,8 +96,7 @@ PaddedKeysBias::PaddedKeysBias(std::vector<int64_t> kv_lengths, bool causal)
 }
 
 Tensor PaddedKeysBias::materialize(const BiasShape& shape, DType) const {
-  SDPA_CHECK(static_cast<int64_t>(kv_lengths_.size()) == shape.batch, "attn_mask: PaddedKeysBias "
-             "has ", kv_lengths_.size(), " lengths but the call has batch ", shape.batch);
+  bias_detail::check_fits(*this, shape);
   const DiagonalBand causal{DiagonalAlignment::kBottomRight, std::nullopt, 0};
   return bias_detail::bool_mask(
       shape.batch, shape.q_len, shape.kv_len, [&](int64_t b, int64_t i, int64_t j) {
@@ -115,7 +115,7 @@ void PaddedKeysBias::lower(const BiasShape& shape, MaskDescriptor& mask) const {
   SDPA_CHECK(mask.kv_lengths.empty(), "attn_mask: expected at most one PaddedKeysBias, got two");
   mask.kv_lengths = kv_lengths_;
   if (causal_) {
-    mask.bands.push_back({DiagonalAlignment::kBottomRight, std::nullopt, 0, BandFrame::kSegment});
+    mask.bands.push_back({DiagonalAlignment::kBottomRight, std::nullopt, 0, BandFrame::kValidKeys});
   }
 }
 

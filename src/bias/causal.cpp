@@ -20,6 +20,7 @@ CausalBias::CausalBias(CausalVariant variant, int64_t q_len, int64_t kv_len)
 }
 
 Tensor CausalBias::materialize(const BiasShape& shape, DType) const {
+  bias_detail::check_fits(*this, shape);
   const DiagonalBand band{alignment_of(variant_), std::nullopt, 0};
   return bias_detail::bool_mask(1, shape.q_len, shape.kv_len, [&](int64_t, int64_t i, int64_t j) {
     return bias_detail::in_band(band, i, j, shape.q_len, shape.kv_len);

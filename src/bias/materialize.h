@@ -16,6 +16,14 @@ Tensor bool_mask(int64_t batch, int64_t q_len, int64_t kv_len,
 Tensor additive_bias(int64_t num_heads, int64_t q_len, int64_t kv_len, DType dtype,
                      const std::function<double(int64_t h, int64_t i, int64_t j)>& value);
 
+/// Checks `bias` against a call of `shape` exactly as lowering it does (its lower() into a
+/// scratch descriptor), so materialize() rejects every call lower() rejects: a bias that
+/// does not fit the call is an error on every backend, natively run or materialized.
+inline void check_fits(const AttnBias& bias, const BiasShape& shape) {
+  MaskDescriptor scratch;
+  bias.lower(shape, scratch);
+}
+
 /// "top-left" / "bottom-right".
 const char* alignment_name(DiagonalAlignment alignment);
 

@@ -18,9 +18,10 @@ int64_t wrap_dim(int64_t d, int64_t ndim, const char* what) {
   return wrapped;
 }
 
-// Checks that every element offset of (shape, strides) fits in int64 and returns the
-// span [min_offset, max_offset] in elements.
-std::pair<int64_t, int64_t> checked_extent(const Shape& shape, const Shape& strides) {
+// Checks that every element offset of (shape, strides), and its offset in bytes for
+// `dtype`, fits in int64 (kernels address elements through byte pointers) and returns
+// the span [min_offset, max_offset] in elements.
+std::pair<int64_t, int64_t> checked_extent(const Shape& shape, const Shape& strides, DType dtype) {
   int64_t lo = 0, hi = 0;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == 0) return {0, -1};
@@ -32,6 +33,11 @@ std::pair<int64_t, int64_t> checked_extent(const Shape& shape, const Shape& stri
     SDPA_CHECK(!__builtin_add_overflow(bound, step, &bound),
                "tensor: element offsets overflow int64 for shape ", shape_str(shape));
   }
+  const auto bytes = static_cast<int64_t>(element_size(dtype));
+  int64_t unused;
+  SDPA_CHECK(!__builtin_mul_overflow(lo, bytes, &unused) && !__builtin_mul_overflow(hi, bytes, &unused),
+             "tensor: byte offsets of shape ", shape_str(shape), " with strides ",
+             shape_str(strides), " overflow int64 for ", dtype_name(dtype));
   return {lo, hi};
 }
 
@@ -96,7 +102,7 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, const Shape& strides, D
   SDPA_CHECK(shape.size() == strides.size(), "from_blob: shape ", shape_str(shape), " and strides ",
              shape_str(strides), " have different ranks");
   checked_numel(shape);
-  checked_extent(shape, strides);
+  checked_extent(shape, strides, dtype);
   Tensor t;
   t.storage_ = Storage::wrap(data, 0, device, [owner = std::move(owner)] {});
   t.sizes_ = shape;

@@ -21,46 +21,43 @@ struct ColumnRange {
   bool empty() const { return begin >= end; }
 };
 
-/// The segment a query row belongs to: its document (or the whole sequence) with the
-/// keys restricted to the batch's valid ones. Bands in BandFrame::kSegment are measured
-/// relative to it.
-struct RowSegment {
+/// The document a query row belongs to (packed varlen), or the whole sequence.
+struct RowDocument {
   int64_t q_begin = 0;
   int64_t q_len = 0;
   int64_t kv_begin = 0;
   int64_t kv_len = 0;
 };
 
-inline RowSegment row_segment(const MaskDescriptor& mask, int64_t b, int64_t i, int64_t q_len,
-                              int64_t kv_len) {
-  RowSegment seg{0, q_len, 0, kv_len};
-  if (mask.has_documents()) {
-    const auto& cq = mask.cu_seqlens_q;
-    // Last document starting at or before i (empty documents are skipped over).
-    const int64_t doc = std::upper_bound(cq.begin(), cq.end(), i) - cq.begin() - 1;
-    const int64_t d = std::clamp<int64_t>(doc, 0, static_cast<int64_t>(cq.size()) - 2);
-    seg = {cq[d], cq[d + 1] - cq[d], mask.cu_seqlens_kv[d],
-           mask.cu_seqlens_kv[d + 1] - mask.cu_seqlens_kv[d]};
-  }
-  if (!mask.kv_lengths.empty()) {
-    const int64_t valid_end = std::min(seg.kv_begin + seg.kv_len, mask.kv_lengths[b]);
-    seg.kv_len = std::max<int64_t>(valid_end - seg.kv_begin, 0);
-  }
-  return seg;
+inline RowDocument row_document(const MaskDescriptor& mask, int64_t i, int64_t q_len,
+                                int64_t kv_len) {
+  if (!mask.has_documents()) return {0, q_len, 0, kv_len};
+  const auto& cq = mask.cu_seqlens_q;
+  // Last document starting at or before i (empty documents are skipped over).
+  const int64_t doc = std::upper_bound(cq.begin(), cq.end(), i) - cq.begin() - 1;
+  const int64_t d = std::clamp<int64_t>(doc, 0, static_cast<int64_t>(cq.size()) - 2);
+  return {cq[d], cq[d + 1] - cq[d], mask.cu_seqlens_kv[d],
+          mask.cu_seqlens_kv[d + 1] - mask.cu_seqlens_kv[d]};
 }
 
-/// Keys query row i of batch b may see: the intersection of its segment and every band,
-/// clipped to [0, kv_len). The dense mask is not included (it is per element).
+/// Keys query row i of batch b may see: the intersection of its document, the batch's
+/// valid keys and every band (each in its own frame), clipped to [0, kv_len). The dense
+/// mask is not included (it is per element).
 inline ColumnRange row_columns(const MaskDescriptor& mask, int64_t b, int64_t i, int64_t q_len,
                                int64_t kv_len) {
-  const RowSegment seg = row_segment(mask, b, i, q_len, kv_len);
-  int64_t lo = seg.kv_begin, hi = seg.kv_begin + seg.kv_len;
+  const RowDocument doc = row_document(mask, i, q_len, kv_len);
+  const int64_t valid = mask.kv_lengths.empty() ? kv_len : mask.kv_lengths[b];
+  int64_t lo = doc.kv_begin, hi = std::min(doc.kv_begin + doc.kv_len, valid);
   for (const DiagonalBand& band : mask.bands) {
-    const bool local = band.frame == BandFrame::kSegment;
-    const int64_t row = local ? i - seg.q_begin : i;
-    const int64_t rows = local ? seg.q_len : q_len;
-    const int64_t cols = local ? seg.kv_len : kv_len;
-    const int64_t origin = local ? seg.kv_begin : 0;
+    int64_t row = i, rows = q_len, cols = kv_len, origin = 0;
+    if (band.frame == BandFrame::kDocument) {
+      row = i - doc.q_begin;
+      rows = doc.q_len;
+      cols = doc.kv_len;
+      origin = doc.kv_begin;
+    } else if (band.frame == BandFrame::kValidKeys) {
+      cols = valid;
+    }
     const int64_t diag =
         origin + row + (band.alignment == DiagonalAlignment::kBottomRight ? cols - rows : 0);
     if (band.left) lo = std::max(lo, diag - *band.left);

@@ -1,6 +1,7 @@
 // Validation of user inputs and their normalization into AttentionParams.
 
 #include <cmath>
+#include <initializer_list>
 
 #include "dispatch/lowering.h"
 #include "sdpa/sdpa.h"
@@ -100,8 +101,19 @@ AttentionParams make_params(const Tensor& q_in, const Tensor& k_in, const Tensor
                p.num_heads_kv);
   }
   // Kernels index [B, H, L, S] score/dropout elements linearly: that count must fit.
-  checked_numel({p.batch, p.num_heads_q, p.q_len, p.kv_len});
-  checked_numel({p.batch, p.num_heads_q, p.q_len, p.head_dim_vo});
+  const auto fits = [](std::initializer_list<int64_t> sizes) {
+    int64_t n = 1;
+    for (int64_t s : sizes) {
+      if (__builtin_mul_overflow(n, s, &n)) return false;
+    }
+    return true;
+  };
+  SDPA_CHECK(fits({p.batch, p.num_heads_q, p.q_len, p.kv_len}),
+             "query/key: the score count B * Hq * L * S = ", p.batch, " * ", p.num_heads_q, " * ",
+             p.q_len, " * ", p.kv_len, " overflows int64");
+  SDPA_CHECK(fits({p.batch, p.num_heads_q, p.q_len, p.head_dim_vo}),
+             "query/value: the output element count B * Hq * L * Ev = ", p.batch, " * ",
+             p.num_heads_q, " * ", p.q_len, " * ", p.head_dim_vo, " overflows int64");
 
   SDPA_CHECK(opt.dropout_p >= 0.0 && opt.dropout_p < 1.0,
              "dropout_p: expected a probability in [0, 1), got ", opt.dropout_p);
