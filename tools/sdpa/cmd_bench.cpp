@@ -1,10 +1,11 @@
 // `sdpa bench`: sweeps shapes x backends and reports time, throughput and extra memory.
 //
-// Structure, so new flags slot in without reshaping: the flags expand into BenchCases
-// (sweep), each case becomes a Workload (inputs plus the call to time: forward today; a
-// backward pass or a flex variant would be another Workload maker), every (case, backend)
-// is measured the same way, and rows go to a Report whose columns every output format
-// shares.
+// Structure: the flags expand into BenchCases (sweep), each case becomes Workloads (inputs
+// plus the call to time: the forward, and with --backward the backward given the forward's
+// results), every (workload, backend) is measured the same way, and rows go to a Report
+// whose columns every output format shares. --bias / --flex make every case run that
+// attention variant; --peak measures the machine's limits first and adds each row's
+// fraction of them.
 
 #include <omp.h>
 
@@ -16,7 +17,9 @@
 #include <string>
 
 #include "common.h"
+#include "peak.h"
 #include "report.h"
+#include "variants.h"
 
 namespace sdpa::cli {
 namespace {
@@ -30,6 +33,12 @@ struct BenchOptions {
   std::string dtype = "float32";
   std::string causal = "both";
   std::vector<std::string> backends;
+  bool backward = false;
+  std::string bias;
+  std::string flex;
+  VariantOptions variant;
+  bool peak = false;
+  bool peak_only = false;
   int repeats = 5;
   int warmup = 1;
   uint64_t max_math_bytes = uint64_t{2} << 30;
@@ -73,23 +82,62 @@ std::vector<BenchCase> sweep(const BenchOptions& o) {
 
 // What is timed for one case: a call with its inputs bound.
 struct Workload {
-  AttentionParams params;  // for explain() and the FLOP count
+  std::string pass;        // "forward" or "backward"
+  AttentionParams params;  // for explain()
   double flops = 0.0;
   std::function<void()> call;
 };
 
-Workload make_forward_workload(const BenchCase& c, uint32_t seed) {
+// The forward (and with --backward the backward) of case `c`. FLOPs follow
+// FlashAttention's convention: forward 4·B·Hq·L·S·E (halved when causal, scaled by the
+// kept fraction of a --bias mask or the BlockMask density of a --flex mask), backward
+// 2.5x the forward.
+std::vector<Workload> make_workloads(const BenchCase& c, const BenchOptions& o) {
+  const uint32_t seed = o.seed;
   const Tensor q = randn({c.batch, c.heads_q, c.seq_len, c.head_dim}, c.dtype, seed);
   const Tensor k = randn({c.batch, c.heads_kv, c.seq_len, c.head_dim}, c.dtype, seed + 1);
   const Tensor v = randn({c.batch, c.heads_kv, c.seq_len, c.head_dim}, c.dtype, seed + 2);
   SDPAOptions options;
   options.is_causal = c.causal;
   options.enable_gqa = c.heads_q != c.heads_kv;
-  Workload w;
-  w.params = make_params(q, k, v, options);
-  w.flops = forward_flops(w.params, c.causal);
-  w.call = [q, k, v, options] { scaled_dot_product_attention_with_lse(q, k, v, options); };
-  return w;
+  double density = 1.0;
+  if (!o.bias.empty()) {
+    const BiasVariant bias = make_bias(o.bias, c.batch, c.heads_q, c.seq_len, c.seq_len, o.variant);
+    options.attn_mask = bias.bias;
+    density = bias.density;
+  }
+  const auto flex = std::make_shared<FlexVariant>();
+  if (!o.flex.empty()) {
+    *flex = make_flex(o.flex, c.batch, c.heads_q, c.seq_len, c.seq_len, o.variant);
+  }
+  const flex::BlockMask* block_mask = flex->block_mask.get();
+
+  Workload fwd;
+  fwd.pass = "forward";
+  fwd.params = make_params(q, k, v, options);
+  add_flex(fwd.params, *flex);
+  fwd.flops = forward_flops(fwd.params, c.causal) * density * flex->density();
+  fwd.call = [q, k, v, options, flex, block_mask] {
+    flex_attention(q, k, v, flex->score_mod, block_mask, options);
+  };
+  std::vector<Workload> out = {fwd};
+  if (!o.backward) return out;
+
+  const AttentionResult r = flex_attention(q, k, v, flex->score_mod, block_mask, options);
+  const Tensor grad_out = randn(r.out.sizes(), c.dtype, seed + 3);
+  SDPAOptions bwd_options = options;
+  bwd_options.dropout_state = r.philox;
+  Workload bwd;
+  bwd.pass = "backward";
+  bwd.params = make_backward_params(grad_out, q, k, v, r.out, r.lse, bwd_options);
+  add_flex(bwd.params, *flex);
+  bwd.flops = 2.5 * fwd.flops;
+  bwd.call = [grad_out, q, k, v, r, bwd_options, flex, block_mask] {
+    flex_attention_backward(grad_out, q, k, v, r.out, r.lse, flex->score_mod, block_mask,
+                            bwd_options);
+  };
+  out.push_back(bwd);
+  return out;
 }
 
 struct Measurement {
@@ -134,46 +182,90 @@ std::optional<std::string> skip_reason(SDPBackend backend, const Workload& w,
   return "no verdict from explain()";
 }
 
-Report make_report(const BenchOptions& o) {
+std::string variant_name(const BenchOptions& o) {
+  if (!o.bias.empty()) return "bias:" + o.bias;
+  if (!o.flex.empty()) return "flex:" + o.flex;
+  return "none";
+}
+
+Report make_report(const BenchOptions& o, const std::optional<MachinePeak>& peak) {
   Report r;
   r.context = {{"sdpa", version()},
                {"cpu_capability", backends::cpu::get_cpu_capability()},
                {"omp_threads", std::to_string(omp_get_max_threads())},
                {"repeats", std::to_string(o.repeats)},
-               {"warmup", std::to_string(o.warmup)}};
+               {"warmup", std::to_string(o.warmup)},
+               {"variant", variant_name(o)}};
+  if (peak) {
+    r.context.push_back({"peak_fp32_gflops", std::to_string(peak->fp32_gflops) + " (" +
+                                                 peak->fp32_isa + " FMA, " +
+                                                 std::to_string(peak->threads) + " threads)"});
+    r.context.push_back({"peak_bf16_gflops", peak->bf16_gflops
+                                                 ? std::to_string(*peak->bf16_gflops) + " (vdpbf16ps)"
+                                                 : "n/a (no avx512_bf16)"});
+    r.context.push_back({"peak_copy_gbps", std::to_string(peak->copy_gbps) +
+                                               " (read + write bytes)"});
+  }
   r.columns = {{"batch"},   {"heads_q"}, {"heads_kv"},     {"q_len"},  {"kv_len"},
-               {"head_dim"}, {"dtype"},  {"causal"},       {"backend"}, {"median_ms", 3},
-               {"min_ms", 3}, {"gflops", 1}, {"peak_extra_bytes"}};
+               {"head_dim"}, {"dtype"},  {"causal"},       {"pass"},   {"backend"},
+               {"median_ms", 3}, {"min_ms", 3}, {"gflops", 1}, {"peak_extra_bytes"}};
+  if (peak) r.columns.push_back({"pct_of_peak", 1});
   return r;
 }
 
+// The peak a row's GFLOP/s is compared with: bf16 rows with the bf16 dot peak when the CPU
+// has one, every other dtype with the fp32 FMA peak (half types compute in float32).
+double peak_for(const MachinePeak& peak, DType dtype) {
+  return dtype == DType::kBFloat16 && peak.bf16_gflops ? *peak.bf16_gflops : peak.fp32_gflops;
+}
+
 int run_bench(const BenchOptions& o) {
+  if (!o.bias.empty() && !o.flex.empty()) throw UsageError("--bias and --flex are exclusive");
+  std::optional<MachinePeak> peak;
+  if (o.peak || o.peak_only) {
+    std::cerr << "measuring the machine's peaks...\n";
+    peak = measure_peak();
+  }
+  Report report = make_report(o, peak);
+  if (o.peak_only) {
+    for (const auto& [key, value] : report.context) std::cout << key << ": " << value << '\n';
+    return kExitOk;
+  }
   const std::vector<BenchCase> cases = sweep(o);
   const std::vector<SDPBackend> backends =
       o.backends.empty() ? default_priority_order() : parse_backends(o.backends);
-  Report report = make_report(o);
   report.num_cases = cases.size();
   size_t step = 0;
-  const size_t steps = cases.size() * backends.size();
+  const size_t steps = cases.size() * backends.size() * (o.backward ? 2 : 1);
   for (const BenchCase& c : cases) {
-    const Workload w = make_forward_workload(c, o.seed);
-    const Explanation e = explain(w.params);
-    for (const SDPBackend backend : backends) {
-      const std::string name(backend_name(backend));
-      std::cerr << "[" << ++step << "/" << steps << "] " << c.describe() << " " << name << ": ";
-      if (const auto reason = skip_reason(backend, w, e, o)) {
-        std::cerr << "skipped (" << *reason << ")\n";
-        report.skipped.push_back({c.describe(), name, *reason});
-        continue;
+    std::vector<Workload> workloads;
+    try {
+      workloads = make_workloads(c, o);
+    } catch (const Error& e) {
+      throw UsageError(c.describe() + ": " + e.what());  // every input came from a flag
+    }
+    for (const Workload& w : workloads) {
+      const Explanation e = explain(w.params);
+      const std::string what = c.describe() + " " + w.pass;
+      for (const SDPBackend backend : backends) {
+        const std::string name(backend_name(backend));
+        std::cerr << "[" << ++step << "/" << steps << "] " << what << " " << name << ": ";
+        if (const auto reason = skip_reason(backend, w, e, o)) {
+          std::cerr << "skipped (" << *reason << ")\n";
+          report.skipped.push_back({what, name, *reason});
+          continue;
+        }
+        const sdpa_kernel only(backend);
+        const Measurement m = measure(w.call, o.warmup, o.repeats);
+        const double gflops = w.flops / (m.median_ms * 1e6);
+        std::cerr << std::fixed << std::setprecision(3) << m.median_ms << " ms, "
+                  << std::setprecision(1) << gflops << " GFLOP/s\n";
+        std::vector<Cell> row = {c.batch, c.heads_q, c.heads_kv, c.seq_len, c.seq_len,
+                                 c.head_dim, std::string(dtype_name(c.dtype)), c.causal, w.pass,
+                                 name, m.median_ms, m.min_ms, gflops, m.peak_extra_bytes};
+        if (peak) row.push_back(100.0 * gflops / peak_for(*peak, c.dtype));
+        report.rows.push_back(std::move(row));
       }
-      const sdpa_kernel only(backend);
-      const Measurement m = measure(w.call, o.warmup, o.repeats);
-      const double gflops = w.flops / (m.median_ms * 1e6);
-      std::cerr << std::fixed << std::setprecision(3) << m.median_ms << " ms, "
-                << std::setprecision(1) << gflops << " GFLOP/s\n";
-      report.rows.push_back({c.batch, c.heads_q, c.heads_kv, c.seq_len, c.seq_len, c.head_dim,
-                             std::string(dtype_name(c.dtype)), c.causal, name, m.median_ms,
-                             m.min_ms, gflops, m.peak_extra_bytes});
     }
   }
   write_report(report, o.json ? ReportFormat::kJson : o.csv ? ReportFormat::kCsv : ReportFormat::kTable,
@@ -204,6 +296,17 @@ Command add_bench_command(CLI::App& parent) {
       ->check(CLI::IsMember({"both", "on", "off"}))
       ->capture_default_str();
   add_backends_option(*app, o->backends);
+  app->add_flag("--backward", o->backward,
+                "Also time the backward (GFLOP/s as FlashAttention: 2.5x the forward's FLOPs)");
+  app->add_option("--bias", o->bias, "Run every case with this AttnBias (" + join(bias_names()) + ")")
+      ->check(CLI::IsMember(bias_names()));
+  app->add_option("--flex", o->flex, "Run every case with this standard flex mod (" +
+                                         join(flex_names()) + ")")
+      ->check(CLI::IsMember(flex_names()));
+  add_variant_options(*app, o->variant);
+  app->add_flag("--peak", o->peak,
+                "Measure fp32 FMA, bf16 dot and copy bandwidth peaks first; add pct_of_peak");
+  app->add_flag("--peak-only", o->peak_only, "Only measure and print the peaks (as key: value lines)");
   app->add_option("--repeats", o->repeats, "Timed calls per row")->check(positive)->capture_default_str();
   app->add_option("--warmup", o->warmup, "Untimed calls first (the first also measures memory)")
       ->check(CLI::NonNegativeNumber)

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common.h"
+#include "variants.h"
 
 namespace sdpa::cli {
 namespace {
@@ -25,6 +26,10 @@ struct ExplainOptions {
   double dropout = 0.0;
   bool gqa = false;
   std::string layout = "bhsd";
+  std::string bias;
+  std::string flex;
+  VariantOptions variant;
+  bool backward = false;
   std::vector<std::string> backends;
   bool priority = false;
 };
@@ -47,18 +52,33 @@ int run_explain(const ExplainOptions& o) {
   const Tensor k = make_input(o, heads_kv, kv_len, o.head_dim, dtype);
   const Tensor v = make_input(o, heads_kv, kv_len, head_dim_v, dtype);
   SDPAOptions options;
+  if (!o.bias.empty() && o.mask != "none") throw UsageError("--bias and --mask are exclusive");
   // [B, 1, L, S]: one mask per sequence (padding-style), broadcast over heads.
   if (o.mask == "bool") options.attn_mask = Tensor::empty({o.batch, 1, o.q_len, kv_len}, DType::kBool);
   if (o.mask == "float") options.attn_mask = Tensor::empty({o.batch, 1, o.q_len, kv_len}, dtype);
+  if (!o.bias.empty()) {
+    options.attn_mask = make_bias(o.bias, o.batch, o.heads_q, o.q_len, kv_len, o.variant).bias;
+  }
   options.is_causal = o.causal;
   options.dropout_p = o.dropout;
   options.enable_gqa = o.gqa;
+  // The backward validates the forward's results by shape only: placeholders suffice.
+  if (o.backward && o.dropout > 0.0) options.dropout_state = PhiloxState{};
 
   std::unique_ptr<sdpa_kernel> guard;
   if (!o.backends.empty()) guard = std::make_unique<sdpa_kernel>(parse_backends(o.backends), o.priority);
   AttentionParams params;
   try {
-    params = make_params(q, k, v, options);
+    if (o.backward) {
+      const Tensor out = Tensor::empty({o.batch, o.heads_q, o.q_len, head_dim_v}, dtype);
+      const Tensor lse = Tensor::empty({o.batch, o.heads_q, o.q_len}, DType::kFloat32);
+      params = make_backward_params(out, q, k, v, out, lse, options);
+    } else {
+      params = make_params(q, k, v, options);
+    }
+    if (!o.flex.empty()) {
+      add_flex(params, make_flex(o.flex, o.batch, o.heads_q, o.q_len, kv_len, o.variant));
+    }
   } catch (const Error& e) {
     // Every input came from a flag, so an invalid call is a bad flag combination.
     throw UsageError(e.what());
@@ -67,8 +87,9 @@ int run_explain(const ExplainOptions& o) {
             << " (layout " << o.layout << ")\n"
             << "attn_mask " << options.attn_mask.describe() << ", is_causal "
             << (o.causal ? "true" : "false") << ", dropout_p " << o.dropout << ", enable_gqa "
-            << (o.gqa ? "true" : "false") << ", scale " << params.scale << "\n\n"
-            << explain(params).to_string();
+            << (o.gqa ? "true" : "false") << ", scale " << params.scale
+            << (o.backward ? ", backward pass" : "") << "\n\n"
+            << explain(params).to_string() << '\n';
   return kExitOk;
 }
 
@@ -98,6 +119,12 @@ Command add_explain_command(CLI::App& parent) {
   app->add_option("--layout", o->layout, "Memory layout of q, k, v")
       ->check(CLI::IsMember({"bhsd", "bshd"}))
       ->capture_default_str();
+  app->add_option("--bias", o->bias, "attn_mask as an AttnBias (" + join(bias_names()) + ")")
+      ->check(CLI::IsMember(bias_names()));
+  app->add_option("--flex", o->flex, "A standard flex mod (" + join(flex_names()) + ")")
+      ->check(CLI::IsMember(flex_names()));
+  add_variant_options(*app, o->variant);
+  app->add_flag("--backward", o->backward, "Explain the backward pass instead of the forward");
   add_backends_option(*app, o->backends);
   app->add_flag("--priority", o->priority, "Try --backends in the given order");
   return {app, [o] { return run_explain(*o); }};

@@ -42,6 +42,12 @@ CLI::Option* add_backends_option(CLI::App& app, std::vector<std::string>& names)
       ->check(backend_validator());
 }
 
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
 Tensor randn(const Shape& shape, DType dtype, uint32_t seed) {
   Tensor t = Tensor::empty(shape, DType::kFloat64);
   std::mt19937 gen(seed);

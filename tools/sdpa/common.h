@@ -68,6 +68,9 @@ ErrorStats compare(const Tensor& actual, const Tensor& expected);
 /// P v is B·Hq·L·S·Ev; a causal call computes about half of the scores.
 double forward_flops(const AttentionParams& params, bool causal);
 
+/// `items` separated by ", ".
+std::string join(const std::vector<std::string>& items);
+
 /// "1.5 KiB", "2.0 GiB".
 std::string format_bytes(int64_t bytes);
 
