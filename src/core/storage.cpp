@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "core/block_cache.h"
 #include "sdpa/error.h"
 #include "sdpa/tensor.h"
 
@@ -23,7 +24,7 @@ void count_allocation(int64_t nbytes) {
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes) {
   // aligned_alloc needs a size that is a multiple of the alignment.
   const size_t padded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
-  void* data = padded == 0 ? nullptr : std::aligned_alloc(kAlignment, padded);
+  void* data = padded == 0 ? nullptr : detail::acquire_block(padded);
   SDPA_CHECK(padded == 0 || data != nullptr, "out of memory: could not allocate ", nbytes,
              " bytes");
   std::shared_ptr<Storage> s(new Storage());
@@ -46,16 +47,20 @@ std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Device device,
 
 Storage::~Storage() {
   if (owned_) {
-    std::free(data_);
-    const int64_t padded =
-        static_cast<int64_t>((nbytes_ + kAlignment - 1) / kAlignment * kAlignment);
-    g_current_bytes.fetch_sub(padded);
+    const size_t padded = (nbytes_ + kAlignment - 1) / kAlignment * kAlignment;
+    detail::release_block(data_, padded);
+    g_current_bytes.fetch_sub(static_cast<int64_t>(padded));
   } else if (release_) {
     release_();
   }
 }
 
-MemoryStats memory_stats() { return {g_current_bytes.load(), g_peak_bytes.load()}; }
+MemoryStats memory_stats() {
+  return {g_current_bytes.load(), g_peak_bytes.load(),
+          static_cast<int64_t>(detail::cached_block_bytes())};
+}
+
+void empty_cache() { detail::empty_block_cache(); }
 
 void reset_peak_memory() { g_peak_bytes.store(g_current_bytes.load()); }
 

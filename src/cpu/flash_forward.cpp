@@ -37,28 +37,21 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   if (p.batch * p.num_heads_q * q_blocks == 0) return;
   PackedKv kv(p);
   detail::ParallelErrors errors;
-  // Per (batch, kv head): all threads pack its k/v tiles, then share the q-blocks of every
-  // query head of the group. Dynamic scheduling balances causal masks, whose later
+  // Per (batch, kv head): the threads share the q-blocks of every query head of the group,
+  // packing k/v tiles on first use. Dynamic scheduling balances causal masks, whose later
   // q-blocks see more keys. The loop bodies never throw out of the region, so every
-  // thread reaches every barrier.
+  // thread reaches every barrier; the loop's closing barrier keeps a (b, kv head)'s tiles
+  // alive until every thread is done with them.
 #pragma omp parallel
   {
     FlashScratch scratch(p);
     for (int64_t bhk = 0; bhk < p.batch * p.num_heads_kv; ++bhk) {
       const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
-#pragma omp for schedule(static)
-      for (int64_t tile = 0; tile < kv.num_tiles(); ++tile) {
-        try {
-          kv.pack(p, b, hk, tile, scratch.row);
-        } catch (...) {
-          errors.capture();
-        }
-      }
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < group_items; ++item) {
         try {
           const int64_t h = hk * p.group_size() + item / q_blocks;
-          q_block(p, kv, b, h, (item % q_blocks) * kBlockQ, scratch, out, lse);
+          q_block(p, kv, b, h, (item % q_blocks) * kBlockQ, bhk + 1, scratch, out, lse);
         } catch (...) {
           errors.capture();
         }

@@ -56,7 +56,8 @@ HWY_INLINE float SoftmaxRowUpdate(float* HWY_RESTRICT s, float& row_max, float& 
 }  // namespace
 
 void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_t h,
-                 int64_t q_begin, FlashScratch& ws, const Tensor& out, const Tensor& lse) {
+                 int64_t q_begin, int64_t generation, FlashScratch& ws, const Tensor& out,
+                 const Tensor& lse) {
   const int64_t L = p.q_len, S = p.kv_len, E = p.head_dim_qk;
   const int64_t ev_pad = ws.head_dim_vo_padded;
   const int64_t rows = std::min(kBlockQ, L - q_begin);
@@ -77,9 +78,10 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
   const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
   for (int64_t j0 = tiles.first; j0 < tiles.end; j0 += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, S - j0);
-    const int64_t tile = j0 / kBlockKv;
+    const PackedKv::Tile t =
+        kv.tile(p, b, h / p.group_size(), j0 / kBlockKv, generation, ws.row);
 
-    Gemm(rows, kBlockKv, E, ws.q, E, kv.k_t(tile), kBlockKv, ws.scores, kBlockKv, false);
+    Gemm(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, false);
 
     const bool needs_mask = TileNeedsMask(p, &ws.flex, ws.row_keys, rows, j0);
     for (int64_t r = 0; r < rows; ++r) {
@@ -94,7 +96,7 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
       }
     }
 
-    Gemm(rows, ev_pad, cols, ws.scores, kBlockKv, kv.v(tile), ev_pad, ws.acc, ev_pad, true);
+    Gemm(rows, ev_pad, cols, ws.scores, kBlockKv, t.v, t.v_ld, ws.acc, ev_pad, true);
   }
 
   const RowView out_rows(out, b, h);

@@ -48,10 +48,11 @@ struct FlashScratch {
 class PackedKv;
 
 /// Computes rows [q_begin, q_begin + kBlockQ) of out / lse for one (batch, head), reading
-/// k/v from `kv` (packed for that head's kv head).
+/// k/v tiles from `kv` (packed on first use for that head's kv head, as generation
+/// `generation`; see PackedKv::tile).
 using FlashQBlockFn = void (*)(const AttentionParams& params, const PackedKv& kv, int64_t b,
-                               int64_t h, int64_t q_begin, FlashScratch& scratch,
-                               const Tensor& out, const Tensor& lse);
+                               int64_t h, int64_t q_begin, int64_t generation,
+                               FlashScratch& scratch, const Tensor& out, const Tensor& lse);
 
 /// The q-block function compiled for `capability`.
 FlashQBlockFn flash_q_block_for(Capability capability);

@@ -4,7 +4,10 @@
 // head of the GQA group (packing per q-block would cost as much as the q.k^T GEMM).
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <thread>
+#include <vector>
 
 #include "cpu/flash_tile.h"
 #include "cpu/rows.h"
@@ -35,40 +38,84 @@ inline void pack_transposed(const RowView& rows, int64_t first, int64_t count, i
   }
 }
 
-/// k and v of one (batch, kv head) as float32 tiles of kBlockKv keys. Tile t holds
-/// k_t [E, kBlockKv] (transposed, for q.k^T) and v [kBlockKv, Ev_pad] (for P.v);
-/// padding keys are zero.
+/// k and v of one (batch, kv head) as float32 tiles of kBlockKv keys, packed on first use:
+/// tile t holds k_t [E, kBlockKv] (transposed, for q.k^T) and, unless v is read in place,
+/// v [kBlockKv, Ev_pad] (for P.v); padding keys are zero. Packing on first use (instead of
+/// all tiles up front) skips tiles no q-block visits (windows, documents, padding,
+/// BlockMask), packs each tile just before its first GEMM while it is hot in cache, and
+/// needs no barrier between packing and computing. float32 v with unit column stride and
+/// Ev a multiple of kMaxLanes is read in place (it already has the GEMM's layout).
 class PackedKv {
  public:
+  /// One key tile's operands for the GEMMs.
+  struct Tile {
+    const float* k_t;  ///< [E, kBlockKv]
+    const float* v;    ///< [kBlockKv, Ev_pad] rows, `v_ld` floats apart
+    int64_t v_ld;
+  };
+
   explicit PackedKv(const AttentionParams& p)
       : head_dim_qk_(p.head_dim_qk),
         head_dim_vo_(p.head_dim_vo),
         head_dim_vo_padded_(round_up(std::max<int64_t>(p.head_dim_vo, 1), kMaxLanes)),
-        tile_floats_(round_up(head_dim_qk_ * kBlockKv + kBlockKv * head_dim_vo_padded_,
+        v_in_place_(p.v.dtype() == DType::kFloat32 && p.v.stride(3) == 1 &&
+                    head_dim_vo_padded_ == p.head_dim_vo),
+        tile_floats_(round_up(head_dim_qk_ * kBlockKv +
+                                  (v_in_place_ ? 0 : kBlockKv * head_dim_vo_padded_),
                               kMaxLanes)),
         num_tiles_((p.kv_len + kBlockKv - 1) / kBlockKv),
         buffer_(Tensor::empty({std::max<int64_t>(num_tiles_ * tile_floats_, 1)},
-                              DType::kFloat32)) {}
+                              DType::kFloat32)),
+        claimed_(static_cast<size_t>(num_tiles_)),
+        ready_(static_cast<size_t>(num_tiles_)) {}
 
   int64_t num_tiles() const { return num_tiles_; }
-  const float* k_t(int64_t tile) const { return base(tile); }
-  const float* v(int64_t tile) const { return base(tile) + head_dim_qk_ * kBlockKv; }
 
-  /// Packs tile `tile` of (b, hk); `row_tmp` holds max(E, Ev) floats.
-  void pack(const AttentionParams& p, int64_t b, int64_t hk, int64_t tile, float* row_tmp) {
+  /// Tile `tile` of (b, hk), packing it first when no thread has yet for this (b, hk).
+  /// `generation` numbers the (b, hk) being computed (1, 2, ...): the caller must not
+  /// start generation g + 1 while any thread still reads tiles of g (a barrier). Safe to
+  /// call from several threads: one packs, the others wait for it. `row_tmp` holds
+  /// max(E, Ev) floats.
+  Tile tile(const AttentionParams& p, int64_t b, int64_t hk, int64_t tile, int64_t generation,
+            float* row_tmp) const {
+    std::atomic<int64_t>& ready = ready_[static_cast<size_t>(tile)];
+    if (ready.load(std::memory_order_acquire) != generation) {
+      int64_t seen = claimed_[static_cast<size_t>(tile)].load(std::memory_order_relaxed);
+      if (seen != generation &&
+          claimed_[static_cast<size_t>(tile)].compare_exchange_strong(seen, generation)) {
+        pack(p, b, hk, tile, row_tmp);
+        ready.store(generation, std::memory_order_release);
+      } else {
+        while (ready.load(std::memory_order_acquire) != generation) std::this_thread::yield();
+      }
+    }
+    float* k_t = base(tile);
+    if (!v_in_place_) return {k_t, k_t + head_dim_qk_ * kBlockKv, head_dim_vo_padded_};
+    const float* v = p.v.data<float>() + b * p.v.stride(0) + hk * p.v.stride(1) +
+                     tile * kBlockKv * p.v.stride(2);
+    return {k_t, v, p.v.stride(2)};
+  }
+
+ private:
+  // Reads only the call's inputs and writes only this tile's slot, so it cannot fail.
+  void pack(const AttentionParams& p, int64_t b, int64_t hk, int64_t tile, float* row_tmp) const {
     const int64_t first = tile * kBlockKv;
     const int64_t count = std::min(kBlockKv, p.kv_len - first);
     float* k_t = base(tile);
-    float* v = k_t + head_dim_qk_ * kBlockKv;
     pack_transposed(RowView(p.k, b, hk), first, count, head_dim_qk_, k_t, row_tmp);
+    if (v_in_place_) return;
+    float* v = k_t + head_dim_qk_ * kBlockKv;
     pack_rows(RowView(p.v, b, hk), first, count, head_dim_vo_, head_dim_vo_padded_, v);
     std::fill(v + count * head_dim_vo_padded_, v + kBlockKv * head_dim_vo_padded_, 0.0f);
   }
 
- private:
   float* base(int64_t tile) const { return buffer_.data<float>() + tile * tile_floats_; }
-  int64_t head_dim_qk_, head_dim_vo_, head_dim_vo_padded_, tile_floats_, num_tiles_;
+  int64_t head_dim_qk_, head_dim_vo_, head_dim_vo_padded_;
+  bool v_in_place_;
+  int64_t tile_floats_, num_tiles_;
   Tensor buffer_;
+  // Per tile: the generation that claimed packing it and the one whose packing finished.
+  mutable std::vector<std::atomic<int64_t>> claimed_, ready_;
 };
 
 /// Everything the backward reads of one (batch, kv head) group, packed once as float32:

@@ -128,5 +128,32 @@ TEST(Storage, AllocateIsAlignedAndWrapReleasesOnce) {
   EXPECT_EQ(released, 1);
 }
 
+TEST(MemoryStats, LargeFreedBlocksAreCachedReusedAndEmptied) {
+  empty_cache();
+  ASSERT_EQ(memory_stats().cached_bytes, 0);
+  const int64_t numel = (int64_t{3} << 20) / 4 + 5;  // just over 3 MiB of float32
+  const void* first = nullptr;
+  {
+    Tensor big = Tensor::empty({numel}, DType::kFloat32);
+    first = big.data_ptr();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % (uintptr_t{2} << 20), 0u)
+        << "large blocks are huge-page aligned";
+  }
+  EXPECT_EQ(memory_stats().cached_bytes, int64_t{4} << 20) << "rounded up to 2 MiB multiples";
+  {
+    const int64_t before = memory_stats().current_bytes;
+    Tensor again = Tensor::empty({numel - 7}, DType::kFloat32);  // same rounded size
+    EXPECT_EQ(again.data_ptr(), first);
+    EXPECT_EQ(memory_stats().cached_bytes, 0);
+    EXPECT_GE(memory_stats().current_bytes - before, (numel - 7) * 4)
+        << "a reused block counts as allocated";
+  }
+  Tensor small = Tensor::empty({1000}, DType::kFloat32);
+  small = Tensor();
+  EXPECT_EQ(memory_stats().cached_bytes, int64_t{4} << 20) << "small blocks are not cached";
+  empty_cache();
+  EXPECT_EQ(memory_stats().cached_bytes, 0);
+}
+
 }  // namespace
 }  // namespace sdpa
