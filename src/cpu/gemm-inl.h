@@ -9,6 +9,7 @@
 #define SDPA_CPU_GEMM_INL_H_
 #endif
 
+#include <algorithm>
 #include <cstdint>
 
 #include "hwy/highway.h"
@@ -93,8 +94,64 @@ HWY_INLINE void Gemm(int64_t m, int64_t n, int64_t depth, const float* a, int64_
   for (; v + kGemmVecs <= vecs; v += kGemmVecs) {
     GemmPanel<kGemmVecs>(m, a, lda, b + v * lanes, ldb, c + v * lanes, ldc, depth, accumulate);
   }
-  for (; v < vecs; ++v) {  // remaining vectors one at a time
-    GemmPanel<1>(m, a, lda, b + v * lanes, ldb, c + v * lanes, ldc, depth, accumulate);
+  // The remaining vectors in one narrower panel (one vector per panel would make the loop
+  // broadcast-bound: kGemmRows broadcasts per kGemmRows FMAs).
+  const float* bv = b + v * lanes;
+  float* cv = c + v * lanes;
+  switch (vecs - v) {
+    case 1: return GemmPanel<1>(m, a, lda, bv, ldb, cv, ldc, depth, accumulate);
+    case 2: return GemmPanel<2>(m, a, lda, bv, ldb, cv, ldc, depth, accumulate);
+    case 3: return GemmPanel<3>(m, a, lda, bv, ldb, cv, ldc, depth, accumulate);
+    default: return;
+  }
+}
+
+/// Per-row support of a tile's scores: row r of the tile can be nonzero only in columns
+/// [begin[r], end[r]) (a band, document or padding edge crossing the tile).
+struct RowSupport {
+  const int64_t* begin;
+  const int64_t* end;
+};
+
+/// S[m, kBlock] = A[m, depth] . B[depth, kBlock], computing for each panel of kGemmRows
+/// rows only the vectors covering its rows' support; the other entries are left as they
+/// were (the caller masks them). A triangle or band edge crossing the tile costs about
+/// half a tile instead of a whole one.
+HWY_INLINE void GemmRowSupport(int64_t m, int64_t n, int64_t depth, const float* a, int64_t lda,
+                               const float* b, int64_t ldb, float* c, int64_t ldc,
+                               const RowSupport& support) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t r = 0; r < m; r += kGemmRows) {
+    const int64_t rows = std::min(kGemmRows, m - r);
+    int64_t lo = n, hi = 0;
+    for (int64_t i = r; i < r + rows; ++i) {
+      if (support.begin[i] >= support.end[i]) continue;
+      lo = std::min(lo, support.begin[i]);
+      hi = std::max(hi, support.end[i]);
+    }
+    if (lo >= hi) continue;
+    lo = lo / lanes * lanes;
+    hi = std::min(n, (hi + lanes - 1) / lanes * lanes);
+    Gemm(rows, hi - lo, depth, a + r * lda, lda, b + lo, ldb, c + r * ldc + lo, ldc, false);
+  }
+}
+
+/// C[m, n] += P[m, kBlock] . B[kBlock, n] where row r of P is zero outside its support:
+/// each panel of kGemmRows rows runs over the union of its rows' support only.
+HWY_INLINE void GemmAccumulateRowSupport(int64_t m, int64_t n, const float* p, int64_t ldp,
+                                         const float* b, int64_t ldb, float* c, int64_t ldc,
+                                         const RowSupport& support) {
+  for (int64_t r = 0; r < m; r += kGemmRows) {
+    const int64_t rows = std::min(kGemmRows, m - r);
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int64_t i = r; i < r + rows; ++i) {
+      if (support.begin[i] >= support.end[i]) continue;
+      lo = std::min(lo, support.begin[i]);
+      hi = std::max(hi, support.end[i]);
+    }
+    if (lo >= hi) continue;
+    Gemm(rows, n, hi - lo, p + r * ldp + lo, ldp, b + lo * ldb, ldb, c + r * ldc, ldc, true);
   }
 }
 
