@@ -3,9 +3,9 @@
 
 #include <cmath>
 #include <limits>
-#include <vector>
 
 #include "core/parallel.h"
+#include "core/scratch.h"
 #include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_rows.h"
@@ -25,7 +25,7 @@ struct MathBuffers {
         scores(p.kv_len),
         o(p.head_dim_vo),
         flex(p.mask, kMaxLanes) {}
-  std::vector<Acc> q, k, v, scores, o;
+  detail::ScratchArray<Acc> q, k, v, scores, o;
   flex::RowState flex;
 };
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "core/scratch.h"
 #include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_rows.h"
@@ -34,7 +35,7 @@ struct MathBackwardBuffers {
         flex(p.mask, kMaxLanes) {
     if (grad) grad_eval.emplace(*grad->program.program, grad->program.captured);
   }
-  std::vector<Acc> q, dout, k, v, dk, dv, prob, raw, keep, dprob, dq;
+  detail::ScratchArray<Acc> q, dout, k, v, dk, dv, prob, raw, keep, dprob, dq;
   flex::RowState flex;
   std::optional<flex::ScalarEvaluator> grad_eval;
 };
