@@ -27,16 +27,23 @@ namespace {
 // Online-softmax update of one score row (Milakov & Gimelshein 2018; FlashAttention-2):
 // turns scores into unnormalized probabilities relative to the new running max, rescales
 // the running sum and returns the factor the output accumulator must be scaled by.
+// Only columns [begin, end) can hold finite scores (the row's support in this tile; the
+// rest is -inf): the work covers the vectors spanning them and the rest is zeroed.
 // Returns 1 and leaves the row all zero when the row has no finite score yet.
-HWY_INLINE float SoftmaxRowUpdate(float* HWY_RESTRICT s, float& row_max, float& row_sum) {
+HWY_INLINE float SoftmaxRowUpdate(float* HWY_RESTRICT s, int64_t begin, int64_t end,
+                                  float& row_max, float& row_sum) {
   const hn::ScalableTag<float> d;
-  const size_t lanes = hn::Lanes(d);
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t first = begin / lanes * lanes;
+  const int64_t last = std::max(first, (end + lanes - 1) / lanes * lanes);
   auto vmax = hn::Set(d, kNegInf);
-  for (int64_t j = 0; j < kBlockKv; j += lanes) vmax = hn::Max(vmax, hn::LoadU(d, s + j));
+  for (int64_t j = first; j < last; j += lanes) vmax = hn::Max(vmax, hn::LoadU(d, s + j));
   const float tile_max = hn::GetLane(hn::MaxOfLanes(d, vmax));
   const float new_max = std::max(row_max, tile_max);
+  std::fill(s, s + first, 0.0f);
+  std::fill(s + last, s + kBlockKv, 0.0f);
   if (new_max == kNegInf) {
-    std::fill(s, s + kBlockKv, 0.0f);
+    std::fill(s + first, s + last, 0.0f);
     return 1.0f;
   }
   const auto vnew_max = hn::Set(d, new_max);
@@ -44,7 +51,7 @@ HWY_INLINE float SoftmaxRowUpdate(float* HWY_RESTRICT s, float& row_max, float& 
   const float alpha =
       row_max == kNegInf ? 0.0f : hn::GetLane(FastExp(d, hn::Set(d, row_max - new_max)));
   auto vsum = hn::Zero(d);
-  for (int64_t j = 0; j < kBlockKv; j += lanes) {
+  for (int64_t j = first; j < last; j += lanes) {
     // FastExp returns exactly 0 for -inf (masked) scores.
     const auto e = FastExp(d, hn::Sub(hn::LoadU(d, s + j), vnew_max));
     hn::StoreU(e, d, s + j);
@@ -102,7 +109,9 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
       const int64_t i = q_begin + r;
       float* s = ws.scores + r * kBlockKv;
       if (needs_mask) MaskScoreRow(p, dense, &ws.flex, b, h, i, ws.row_keys[r], j0, cols, s);
-      const float alpha = SoftmaxRowUpdate(s, ws.row_max[r], ws.row_sum[r]);
+      const float alpha = needs_mask
+                              ? SoftmaxRowUpdate(s, begin[r], end[r], ws.row_max[r], ws.row_sum[r])
+                              : SoftmaxRowUpdate(s, 0, kBlockKv, ws.row_max[r], ws.row_sum[r]);
       if (alpha != 1.0f) ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha);
       if (p.has_dropout()) {
         const int64_t element = ((b * p.num_heads_q + h) * L + i) * S + j0;
