@@ -43,6 +43,19 @@ class sdpa_kernel {
 /// sdpa_kernel guard's list if one is active, else the enabled process-wide flags.
 std::vector<SDPBackend> active_backends();
 
+/// Whether `backend` is compiled into this build: MATH, FLASH_ATTENTION (CPU) and
+/// OVERRIDEABLE (external devices) always are; EFFICIENT_ATTENTION and CUDNN_ATTENTION
+/// need a CUDA / cuDNN build (not yet available); ERROR never is.
+bool backend_built(SDPBackend backend);
+
+/// The process-wide enable flag of `backend` (backends::*_sdp_enabled() without a guard).
+bool backend_enabled(SDPBackend backend);
+
+/// The report of `sdpa info` and `python -m sdpa.info`: version, CPU capability (and its
+/// override), OpenMP threads, loaded backend plugins, and per backend in priority order
+/// whether it is built, enabled, and would run a probe float32 CPU call (else why not).
+std::string info_text();
+
 /// Process-wide defaults (PyTorch's torch.backends.cuda.enable_*_sdp). They apply where no
 /// sdpa_kernel guard is active; the *_enabled() queries report the calling thread's
 /// effective state (guard first, then flag).

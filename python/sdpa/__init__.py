@@ -22,6 +22,7 @@ from ._C import (
     manual_seed,
     memory_stats,
     reset_peak_memory,
+    empty_cache,
     set_num_threads,
     use_deterministic_algorithms,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "manual_seed",
     "memory_stats",
     "reset_peak_memory",
+    "empty_cache",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_backward",
     "scaled_dot_product_attention_with_lse",

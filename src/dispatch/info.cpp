@@ -1,0 +1,79 @@
+// backend_built, backend_enabled and the `sdpa info` report.
+
+#include <omp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include "sdpa/registry.h"
+#include "sdpa/sdpa.h"
+
+namespace sdpa {
+
+bool backend_built(SDPBackend backend) {
+  switch (backend) {
+    case SDPBackend::MATH:
+    case SDPBackend::FLASH_ATTENTION:
+    case SDPBackend::OVERRIDEABLE: return true;
+    case SDPBackend::EFFICIENT_ATTENTION:
+    case SDPBackend::CUDNN_ATTENTION:
+    case SDPBackend::ERROR: break;
+  }
+  return false;
+}
+
+bool backend_enabled(SDPBackend backend) {
+  switch (backend) {
+    case SDPBackend::MATH: return backends::math_sdp_enabled();
+    case SDPBackend::FLASH_ATTENTION: return backends::flash_sdp_enabled();
+    case SDPBackend::EFFICIENT_ATTENTION: return backends::mem_efficient_sdp_enabled();
+    case SDPBackend::CUDNN_ATTENTION: return backends::cudnn_sdp_enabled();
+    case SDPBackend::OVERRIDEABLE: return backends::overrideable_sdp_enabled();
+    case SDPBackend::ERROR: break;
+  }
+  return false;
+}
+
+std::string info_text() {
+  std::ostringstream os;
+  const char* env_capability = std::getenv("SDPA_CPU_CAPABILITY");
+  os << "sdpa " << version() << "\n"
+     << "cpu capability: " << backends::cpu::get_cpu_capability() << " (detected "
+     << backends::cpu::detected_cpu_capability()
+     << "; SDPA_CPU_CAPABILITY=" << (env_capability != nullptr ? env_capability : "unset")
+     << ")\n"
+     << "openmp: " << omp_get_max_threads() << " threads (" << omp_get_num_procs()
+     << " processors)\n";
+  const std::vector<LoadedBackend> plugins = loaded_backends();
+  os << "plugins:" << (plugins.empty() ? " none (load with SDPA_BACKENDS)" : "") << "\n";
+  for (const LoadedBackend& plugin : plugins) {
+    os << "  " << plugin.path << ":";
+    for (const std::string& key : plugin.keys) os << " " << key;
+    os << "\n";
+  }
+
+  const Tensor probe = Tensor::empty({1, 1, 1, 8}, DType::kFloat32);
+  const Explanation e = explain(make_params(probe, probe, probe));
+  os << "\nbackends in priority order (probe: a float32 cpu call):\n";
+  char line[64];
+  std::snprintf(line, sizeof(line), "  %-20s %-6s %-8s ", "backend", "built", "enabled");
+  os << line << "probe\n";
+  for (const BackendVerdict& v : e.verdicts) {
+    std::snprintf(line, sizeof(line), "  %-20s %-6s %-8s ",
+                  std::string(backend_name(v.backend)).c_str(),
+                  backend_built(v.backend) ? "yes" : "no", backend_enabled(v.backend) ? "yes" : "no");
+    os << line;
+    if (v.allowed && v.supported) {
+      os << "runs it";
+    } else {
+      os << "no: ";
+      for (size_t i = 0; i < v.reasons.size(); ++i) os << (i ? "; " : "") << v.reasons[i];
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace sdpa
