@@ -95,11 +95,15 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     const bool needs_mask = TileNeedsMask(p, &ws.flex, ws.row_keys, rows, j0);
     int64_t begin[kBlockQ], end[kBlockQ];
     const RowSupport support{begin, end};
+    bool trimmed = false;  // some row does not see the whole tile
     if (needs_mask) {
       for (int64_t r = 0; r < rows; ++r) {
         begin[r] = std::clamp<int64_t>(ws.row_keys[r].begin - j0, 0, cols);
         end[r] = std::clamp<int64_t>(ws.row_keys[r].end - j0, begin[r], cols);
+        trimmed = trimmed || begin[r] > 0 || end[r] < cols;
       }
+    }
+    if (trimmed) {
       GemmRowSupport(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, support);
     } else {
       Gemm(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, false);
@@ -109,7 +113,7 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
       const int64_t i = q_begin + r;
       float* s = ws.scores + r * kBlockKv;
       if (needs_mask) MaskScoreRow(p, dense, &ws.flex, b, h, i, ws.row_keys[r], j0, cols, s);
-      const float alpha = needs_mask
+      const float alpha = trimmed
                               ? SoftmaxRowUpdate(s, begin[r], end[r], ws.row_max[r], ws.row_sum[r])
                               : SoftmaxRowUpdate(s, 0, kBlockKv, ws.row_max[r], ws.row_sum[r]);
       if (alpha != 1.0f) ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha);
@@ -119,7 +123,7 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
       }
     }
 
-    if (needs_mask) {
+    if (trimmed) {
       GemmAccumulateRowSupport(rows, ev_pad, ws.scores, kBlockKv, t.v, t.v_ld, ws.acc, ev_pad,
                                support);
     } else {
