@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "core/parallel.h"
+#include "cpu/flash_decode.h"
 #include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
 #include "cpu/pack.h"
@@ -31,6 +32,7 @@ FlashScratch::FlashScratch(const AttentionParams& params)
 FlashScratch::~FlashScratch() = default;
 
 void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse) {
+  if (use_decode_path(p)) return flash_decode(p, out, lse);
   const FlashQBlockFn q_block = flash_q_block_for(active_capability());
   const int64_t q_blocks = (p.q_len + kBlockQ - 1) / kBlockQ;
   const int64_t group_items = p.group_size() * q_blocks;

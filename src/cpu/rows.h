@@ -37,6 +37,12 @@ class RowView {
         cols_(t.size(3)) {}
 
   int64_t cols() const { return cols_; }
+  DType dtype() const { return dtype_; }
+  int64_t col_stride() const { return stride_col_; }
+  /// Address of row r's first element (stored dtype).
+  const void* row_data(int64_t r) const {
+    return base_ + r * stride_row_ * static_cast<int64_t>(element_size(dtype_));
+  }
 
   /// dst[c] = row[r][c] * multiplier for c < cols().
   template <typename T>

@@ -121,6 +121,44 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
   }
 }
 
+/// Online-softmax update of one score row (Milakov & Gimelshein 2018; FlashAttention-2):
+/// turns scores into unnormalized probabilities relative to the new running max, rescales
+/// the running sum and returns the factor the output accumulator must be scaled by.
+/// Only columns [begin, end) can hold finite scores (the row's support in this tile; the
+/// rest is -inf): the work covers the vectors spanning them and the rest is zeroed.
+/// Returns 1 and leaves the row all zero when the row has no finite score yet.
+HWY_INLINE float SoftmaxRowUpdate(float* HWY_RESTRICT s, int64_t begin, int64_t end,
+                                  float& row_max, float& row_sum) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t first = begin / lanes * lanes;
+  const int64_t last = std::max(first, (end + lanes - 1) / lanes * lanes);
+  auto vmax = hn::Set(d, kNegInf);
+  for (int64_t j = first; j < last; j += lanes) vmax = hn::Max(vmax, hn::LoadU(d, s + j));
+  const float tile_max = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  const float new_max = std::max(row_max, tile_max);
+  std::fill(s, s + first, 0.0f);
+  std::fill(s + last, s + kBlockKv, 0.0f);
+  if (new_max == kNegInf) {
+    std::fill(s + first, s + last, 0.0f);
+    return 1.0f;
+  }
+  const auto vnew_max = hn::Set(d, new_max);
+  // FastExp, not std::exp: the libm call per row and tile took 2% of a windowed call's profile.
+  const float alpha =
+      row_max == kNegInf ? 0.0f : hn::GetLane(FastExp(d, hn::Set(d, row_max - new_max)));
+  auto vsum = hn::Zero(d);
+  for (int64_t j = first; j < last; j += lanes) {
+    // FastExp returns exactly 0 for -inf (masked) scores.
+    const auto e = FastExp(d, hn::Sub(hn::LoadU(d, s + j), vnew_max));
+    hn::StoreU(e, d, s + j);
+    vsum = hn::Add(vsum, e);
+  }
+  row_sum = row_sum * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
+  row_max = new_max;
+  return alpha;
+}
+
 /// The key tiles [first, end) (multiples of kBlockKv from first) that any of query rows
 /// [row_begin, row_end) of (b, h) can see (band, documents, padding, BlockMask).
 struct KvTileRange {

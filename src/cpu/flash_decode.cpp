@@ -1,0 +1,107 @@
+// Split-KV decode path: scratch, work split and the logsumexp merge. The SIMD work is in
+// flash_decode_tile.cc.
+
+#include "cpu/flash_decode.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+#include <limits>
+#include <vector>
+
+#include "core/parallel.h"
+#include "cpu/rows.h"
+
+namespace sdpa::cpu {
+
+bool use_decode_path(const AttentionParams& p) {
+  return !p.backward && p.group_size() * p.q_len <= kDecodeMaxRows;
+}
+
+DecodeScratch::DecodeScratch(const AttentionParams& params)
+    : head_dim_qk_padded(round_up(params.head_dim_qk, kMaxLanes)),
+      head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kMaxLanes)),
+      flex(params.mask, kBlockKv) {
+  const int64_t sizes[] = {kDecodeMaxRows * head_dim_qk_padded, kDecodeMaxRows * kBlockKv,
+                           head_dim_qk_padded, head_dim_vo_padded};
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  buffer_ = Tensor::empty({total}, DType::kFloat32);
+  float* next = buffer_.data<float>();
+  float** slots[] = {&q, &scores, &key, &value};
+  for (size_t i = 0; i < std::size(slots); ++i) {
+    *slots[i] = next;
+    next += sizes[i];
+  }
+}
+
+void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse) {
+  const int64_t L = p.q_len, G = p.group_size(), rows = G * L;
+  const int64_t groups = p.batch * p.num_heads_kv;
+  const int64_t chunks = (p.kv_len + kDecodeChunk - 1) / kDecodeChunk;
+  const int64_t ev_pad = round_up(std::max<int64_t>(p.head_dim_vo, 1), kMaxLanes);
+  if (groups * rows == 0) return;
+  const DecodeChunkFn chunk_fn = decode_chunk_for(active_capability());
+
+  // Per (group, chunk) item: acc [rows, Ev_pad], then max [rows] and sum [rows].
+  const int64_t item_floats = rows * (ev_pad + 2);
+  const Tensor partials = Tensor::empty({std::max<int64_t>(groups * chunks * item_floats, 1)},
+                                        DType::kFloat32);
+  float* const base = partials.data<float>();
+  detail::ParallelErrors errors;
+#pragma omp parallel
+  {
+    DecodeScratch scratch(p);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < groups * chunks; ++item) {
+      try {
+        const int64_t group = item / chunks, chunk = item % chunks;
+        float* acc = base + item * item_floats;
+        chunk_fn(p, group / p.num_heads_kv, group % p.num_heads_kv, chunk * kDecodeChunk,
+                 std::min(p.kv_len, (chunk + 1) * kDecodeChunk), scratch, acc,
+                 acc + rows * ev_pad, acc + rows * ev_pad + rows);
+      } catch (...) {
+        errors.capture();
+      }
+    }
+  }
+  errors.rethrow();
+
+  // Merge the chunks of every row in chunk order (out = sum_c e^(m_c - m) acc_c / l,
+  // l = sum_c e^(m_c - m) l_c): fixed order, so any thread count gives the same bits.
+  float* lse_data = lse.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t group = 0; group < groups; ++group) {
+    const int64_t b = group / p.num_heads_kv, hk = group % p.num_heads_kv;
+    std::vector<float> row(static_cast<size_t>(ev_pad));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t h = hk * G + r / L, i = r % L;
+      float max = -std::numeric_limits<float>::infinity();
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* item = base + (group * chunks + c) * item_floats;
+        if (item[rows * ev_pad + rows + r] > 0.0f) max = std::max(max, item[rows * ev_pad + r]);
+      }
+      std::fill(row.begin(), row.end(), 0.0f);
+      float sum = 0.0f;
+      for (int64_t c = 0; c < chunks && max > -std::numeric_limits<float>::infinity(); ++c) {
+        const float* item = base + (group * chunks + c) * item_floats;
+        const float chunk_sum = item[rows * ev_pad + rows + r];
+        if (chunk_sum <= 0.0f) continue;
+        const float w = std::exp(item[rows * ev_pad + r] - max);
+        sum += w * chunk_sum;
+        const float* acc = item + r * ev_pad;
+        for (int64_t e = 0; e < ev_pad; ++e) row[static_cast<size_t>(e)] += w * acc[e];
+      }
+      float* lse_row = lse_data + (b * p.num_heads_q + h) * L + i;
+      if (sum > 0.0f) {
+        for (float& x : row) x /= sum;
+        *lse_row = max + std::log(sum);
+      } else {  // fully masked row
+        *lse_row = -std::numeric_limits<float>::infinity();
+      }
+      RowView(out, b, h).store(i, row.data());
+    }
+  }
+}
+
+}  // namespace sdpa::cpu

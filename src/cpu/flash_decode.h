@@ -1,0 +1,57 @@
+#pragma once
+// The CPU flash forward for calls with few query rows per kv head (decoding: L = 1 to a
+// few, with GQA): split-KV. The keys are cut into fixed chunks of kDecodeChunk; each
+// (batch, kv head, chunk) item runs every query row of the kv head's GQA group over its
+// chunk (reading each key and value once, converted on the fly, no packing) and leaves a
+// partial (unnormalized output, running max, running sum); the partials are then merged
+// by their logsumexp (FlashDecoding: Dao et al., 2023; the merge of
+// merge_attention_states). The chunk size does not depend on the thread count, so results
+// are bit-identical for any number of threads.
+
+#include <cstdint>
+
+#include "cpu/capability.h"
+#include "cpu/flash_tile.h"
+#include "sdpa/params.h"
+
+namespace sdpa::cpu {
+
+/// Keys per split-KV chunk (a multiple of kBlockKv).
+inline constexpr int64_t kDecodeChunk = 512;
+/// Most query rows per kv head (GQA group size x L) the decode path takes: it computes
+/// scores as per-row dot products, which beat the tile GEMMs only for a few rows.
+inline constexpr int64_t kDecodeMaxRows = 16;
+
+/// Whether `params` (a forward call) takes the split-KV decode path.
+bool use_decode_path(const AttentionParams& params);
+
+/// One thread's float32 working set for decode items.
+struct DecodeScratch {
+  explicit DecodeScratch(const AttentionParams& params);
+  int64_t head_dim_qk_padded, head_dim_vo_padded;
+  float* q;        ///< [rows, E_pad], pre-scaled
+  float* scores;   ///< [rows, kBlockKv]
+  float* key;      ///< [E_pad]: one converted key row
+  float* value;    ///< [Ev_pad]: one converted value row
+  ColumnRange row_keys[kDecodeMaxRows];
+  flex::RowState flex;
+
+ private:
+  Tensor buffer_;
+};
+
+/// Runs query rows of kv head `hk` of batch `b` over keys [kv_begin, kv_end) and writes
+/// their partial state: acc [rows, Ev_pad] (unnormalized output), row_max and row_sum
+/// [rows] (row_sum 0 when the chunk has no visible key for a row). Rows are ordered
+/// (query head of the group, query position).
+using DecodeChunkFn = void (*)(const AttentionParams& params, int64_t b, int64_t hk,
+                               int64_t kv_begin, int64_t kv_end, DecodeScratch& scratch,
+                               float* acc, float* row_max, float* row_sum);
+
+/// The chunk function compiled for `capability`.
+DecodeChunkFn decode_chunk_for(Capability capability);
+
+/// The forward of a call for which use_decode_path() holds.
+void flash_decode(const AttentionParams& params, const Tensor& out, const Tensor& lse);
+
+}  // namespace sdpa::cpu

@@ -1,0 +1,160 @@
+// The split-KV decode path of FLASH_ATTENTION (src/cpu/flash_decode.h): calls with at most
+// kDecodeMaxRows query rows per kv head. Checked against the float64 reference across
+// chunk boundaries (S around multiples of 512), GQA groups, dtypes, layouts, masks,
+// causal with L > 1, fully masked rows and every SIMD path; bit-identical for 1 and 2
+// threads; the same dropout mask as MATH.
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstring>
+
+#include "common/harness.h"
+#include "sdpa/attn_bias.h"
+
+namespace sdpa::test {
+namespace {
+
+namespace bcpu = backends::cpu;
+
+struct CapabilityReset {
+  ~CapabilityReset() { bcpu::set_cpu_capability(""); }
+};
+
+// Capabilities this CPU can run, best first.
+std::vector<std::string> capabilities() {
+  std::vector<std::string> out;
+  for (const char* c : {"AVX512", "AVX2", "DEFAULT"}) {
+    try {
+      bcpu::set_cpu_capability(c);
+      out.push_back(c);
+    } catch (const Error&) {
+    }
+  }
+  bcpu::set_cpu_capability("");
+  return out;
+}
+
+void expect_flash_ran(const Case& c, const CaseReport& r) {
+  EXPECT_TRUE(r.ran_backend(SDPBackend::FLASH_ATTENTION)) << c.describe();
+  EXPECT_TRUE(r.ran_backend(SDPBackend::MATH)) << c.describe();
+}
+
+TEST(Decode, ChunkBoundariesGroupsAndDtypesMatchReference) {
+  const CapabilityReset reset;
+  for (const std::string& capability : capabilities()) {
+    bcpu::set_cpu_capability(capability);
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      for (int64_t kv_len : {1, 63, 511, 512, 513, 1100, 2049}) {
+        Case c;
+        c.batch = 2;
+        c.heads_q = 8;
+        c.heads_kv = 2;  // 4 query heads per kv head
+        c.enable_gqa = true;
+        c.q_len = 1;
+        c.kv_len = kv_len;
+        c.head_dim = kv_len % 2 ? 80 : 128;
+        c.head_dim_v = kv_len % 2 ? 48 : 128;
+        c.dtype = dtype;
+        c.seed = static_cast<uint32_t>(kv_len * 7 + static_cast<int>(dtype));
+        SCOPED_TRACE(capability);
+        expect_flash_ran(c, check_case(c));
+      }
+    }
+  }
+}
+
+TEST(Decode, SeveralQueryRowsCausalAndMasks) {
+  for (int64_t q_len : {2, 3, 4}) {
+    for (MaskKind mask : {MaskKind::kNone, MaskKind::kBool, MaskKind::kFloat}) {
+      Case c;
+      c.heads_q = 4;
+      c.heads_kv = 1;
+      c.enable_gqa = true;
+      c.q_len = q_len;
+      c.kv_len = 1000 + q_len;
+      c.head_dim = 64;
+      c.mask = mask;
+      c.causal = mask == MaskKind::kNone;
+      if (mask != MaskKind::kNone) {
+        c.mask_shape = {1, 4, q_len, c.kv_len};
+        c.masked_rows = {q_len - 1};  // a fully masked row: zeros and -inf
+      }
+      c.kv_layout = Layout::kBSHD;
+      c.q_layout = Layout::kStridedD;
+      c.seed = static_cast<uint32_t>(q_len * 31 + static_cast<int>(mask));
+      expect_flash_ran(c, check_case(c));
+    }
+  }
+}
+
+TEST(Decode, NativeBiasesMatchTheirMaterialization) {
+  const int64_t B = 2, Hq = 8, Hkv = 4, L = 2, S = 1300, E = 64;
+  std::mt19937 rng(5);
+  const Tensor q = random_tensor({B, Hq, L, E}, DType::kFloat32, Layout::kBHSD, rng);
+  const Tensor k = random_tensor({B, Hkv, S, E}, DType::kFloat32, Layout::kBHSD, rng);
+  const Tensor v = random_tensor({B, Hkv, S, E}, DType::kFloat32, Layout::kBHSD, rng);
+  const std::vector<AttnBiasPtr> biases = {
+      causal_lower_right(L, S), std::make_shared<LocalAttentionBias>(300, 0),
+      std::make_shared<AlibiBias>(Hq), std::make_shared<PaddedKeysBias>(std::vector<int64_t>{700, 0}),
+      compose({std::make_shared<PaddedKeysBias>(std::vector<int64_t>{1290, 513}, true),
+               std::make_shared<AlibiBias>(Hq)})};
+  for (const AttnBiasPtr& bias : biases) {
+    SDPAOptions native;
+    native.enable_gqa = true;
+    native.attn_mask = bias;
+    SDPAOptions dense = native;
+    dense.attn_mask = bias->materialize({B, Hq, L, S}, DType::kFloat32);
+    AttentionResult flash, math;
+    {
+      const sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
+      flash = scaled_dot_product_attention_with_lse(q, k, v, native);
+    }
+    {
+      const sdpa_kernel only(SDPBackend::MATH);
+      math = scaled_dot_product_attention_with_lse(q, k, v, dense);
+    }
+    for (int64_t i = 0; i < flash.out.numel(); ++i) {
+      ASSERT_NEAR(flash.out.data<float>()[i], math.out.data<float>()[i], 2e-5) << bias->describe();
+    }
+    for (int64_t i = 0; i < flash.lse.numel(); ++i) {
+      const float a = flash.lse.data<float>()[i], b = math.lse.data<float>()[i];
+      if (std::isinf(b)) {
+        ASSERT_EQ(a, b) << bias->describe();
+      } else {
+        ASSERT_NEAR(a, b, 1e-4) << bias->describe();
+      }
+    }
+  }
+}
+
+TEST(Decode, BitIdenticalForOneAndTwoThreadsAndDropoutMatchesMath) {
+  const int64_t B = 1, Hq = 8, Hkv = 2, L = 1, S = 3000, E = 64;
+  std::mt19937 rng(9);
+  const Tensor q = random_tensor({B, Hq, L, E}, DType::kBFloat16, Layout::kBHSD, rng);
+  const Tensor k = random_tensor({B, Hkv, S, E}, DType::kBFloat16, Layout::kBHSD, rng);
+  const Tensor v = random_tensor({B, Hkv, S, E}, DType::kBFloat16, Layout::kBHSD, rng);
+  SDPAOptions options;
+  options.enable_gqa = true;
+  const sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const AttentionResult one = scaled_dot_product_attention_with_lse(q, k, v, options);
+  omp_set_num_threads(2);
+  const AttentionResult two = scaled_dot_product_attention_with_lse(q, k, v, options);
+  omp_set_num_threads(threads);
+  EXPECT_EQ(std::memcmp(one.out.data_ptr(), two.out.data_ptr(), one.out.numel() * 2), 0);
+  EXPECT_EQ(std::memcmp(one.lse.data_ptr(), two.lse.data_ptr(), one.lse.numel() * 4), 0);
+
+  Case c;
+  c.heads_q = Hq;
+  c.heads_kv = Hkv;
+  c.enable_gqa = true;
+  c.q_len = 1;
+  c.kv_len = 1500;
+  c.dropout_p = 0.3;
+  expect_flash_ran(c, check_case(c));
+}
+
+}  // namespace
+}  // namespace sdpa::test
