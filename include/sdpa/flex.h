@@ -192,7 +192,10 @@ struct BlockMask {
 /// block is first classified by interval analysis of the program (decides causal,
 /// windows, prefix-LM and sorted document masks without touching elements) and only
 /// undecided blocks are evaluated element by element. B or H of 1 broadcast when the
-/// program does not read b / h. Throws sdpa::Error for non-positive sizes.
+/// program does not read b / h. Q_LEN or KV_LEN of 0 gives a BlockMask without blocks.
+/// Throws sdpa::Error (naming the argument) for B or H < 1, a negative length or
+/// BLOCK_SIZE < 1, and for a mask_mod reading a captured tensor out of range anywhere
+/// (blocks whose reads interval analysis cannot keep in bounds are evaluated in full).
 BlockMask create_block_mask(const MaskMod& mask_mod, int64_t batch, int64_t num_heads,
                             int64_t q_len, int64_t kv_len, int64_t block_size = 128);
 BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_heads,

@@ -7,6 +7,7 @@
 #include "dispatch/backend_impl.h"
 #include "dispatch/lowering.h"
 #include "registry/registry_impl.h"
+#include "sdpa/flex.h"
 
 namespace sdpa {
 namespace {
@@ -61,6 +62,11 @@ AttentionGradients run_backward(const AttentionParams& p, const Tensor& attn_mas
         sum_to_mask_shape(to_host(grad_mask), attn_mask), attn_mask.device());
   }
   g.grad_captured = std::move(call.tensor_list);
+  // One entry per captured tensor of the score_mod, undefined where none was computed
+  // (the kernels return none at all when no captured tensor requires grad).
+  if (p.mask.score_mod && g.grad_captured.empty()) {
+    g.grad_captured.resize(p.mask.score_mod->captured().size());
+  }
   return g;
 }
 

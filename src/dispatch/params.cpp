@@ -41,8 +41,12 @@ AttentionParams with_materialized_bias(const AttentionParams& params) {
   }
   AttentionParams p = params;
   const BiasShape shape{p.batch, p.num_heads_q, p.q_len, p.kv_len};
-  p.mask = MaskDescriptor{};
-  TensorBias(p.bias->materialize(shape, p.dtype)).lower(shape, p.mask);
+  // Only the bias is replaced by its dense form; flex parts (score_mod, BlockMask) stay.
+  MaskDescriptor mask;
+  TensorBias(p.bias->materialize(shape, p.dtype)).lower(shape, mask);
+  mask.score_mod = p.mask.score_mod;
+  mask.block_mask = p.mask.block_mask;
+  p.mask = std::move(mask);
   return p;
 }
 

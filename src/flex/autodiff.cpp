@@ -3,6 +3,7 @@
 
 #include "flex/autodiff.h"
 
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -89,17 +90,22 @@ GradientProgram differentiate(const Program& score_mod) {
     }
   }
 
-  const Node* score = nullptr;
+  // A program built from several traced roots (Program::from_expr) has one score input
+  // node per root: the gradient with respect to score is the sum over all of them.
+  bool uses_score = false;
+  std::optional<Expr> d_score;
   for (const NodePtr& n : order) {
-    if (n->op == Op::kScore) score = n.get();
+    if (n->op != Op::kScore) continue;
+    uses_score = true;
+    const auto adj = adjoint.find(n.get());
+    if (adj != adjoint.end()) d_score = d_score ? *d_score + adj->second : adj->second;
   }
-  SDPA_CHECK(score != nullptr, "flex: score_mod ignores score, so its output does not depend on "
+  SDPA_CHECK(uses_score, "flex: score_mod ignores score, so its output does not depend on "
              "q or k and has no gradient for them; use a BlockMask or an AttnBias instead");
-  const auto d_score = adjoint.find(score);
-  SDPA_CHECK(d_score != adjoint.end(), "flex: score_mod is not differentiable with respect to "
+  SDPA_CHECK(d_score.has_value(), "flex: score_mod is not differentiable with respect to "
              "score: score reaches the result only through comparisons or integer operations");
 
-  std::vector<Expr> outputs{d_score->second};
+  std::vector<Expr> outputs{*d_score};
   std::vector<std::pair<const CapturedData*, size_t>> read_outputs;  // (tensor, first output)
   std::vector<const Node*> reads;
   for (const NodePtr& n : order) {

@@ -15,16 +15,21 @@ namespace sdpa::flex {
 namespace {
 
 // Elementwise verdict of an undecided block.
+// Evaluates a block's elements. Stops once both values were seen, unless `every_element`:
+// a block whose captured reads interval analysis could not keep in bounds is evaluated
+// completely, so an out-of-range read anywhere in it raises here, as PyTorch's dense
+// evaluation would, instead of surfacing (or not) in a kernel later.
 BlockVerdict evaluate_block(const Program& mask, int64_t b, int64_t h, int64_t q0, int64_t q1,
-                            int64_t k0, int64_t k1) {
+                            int64_t k0, int64_t k1, bool every_element) {
   ScalarEvaluator eval(*mask.compiled(), mask.captured());
   bool any_true = false, any_false = false;
   for (int64_t i = q0; i < q1; ++i) {
     for (int64_t j = k0; j < k1; ++j) {
       (eval.run(0.0, b, h, i, j) != 0.0 ? any_true : any_false) = true;
-      if (any_true && any_false) return BlockVerdict::kUnknown;
+      if (any_true && any_false && !every_element) return BlockVerdict::kUnknown;
     }
   }
+  if (any_true && any_false) return BlockVerdict::kUnknown;
   return any_true ? BlockVerdict::kFull : BlockVerdict::kEmpty;
 }
 
@@ -94,8 +99,12 @@ BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_
         const int64_t q0 = qb * block_size, q1 = std::min(q_len, q0 + block_size);
         for (int64_t kb = 0; kb < nkv; ++kb) {
           const int64_t k0 = kb * block_size, k1 = std::min(kv_len, k0 + block_size);
-          BlockVerdict v = classify_block(prog, mask_mod.captured(), b, h, q0, q1 - 1, k0, k1 - 1);
-          if (v == BlockVerdict::kUnknown) v = evaluate_block(mask_mod, b, h, q0, q1, k0, k1);
+          bool reads_in_bounds = true;
+          BlockVerdict v = classify_block(prog, mask_mod.captured(), b, h, q0, q1 - 1, k0, k1 - 1,
+                                          &reads_in_bounds);
+          if (v == BlockVerdict::kUnknown || !reads_in_bounds) {
+            v = evaluate_block(mask_mod, b, h, q0, q1, k0, k1, !reads_in_bounds);
+          }
           status[qb * nkv + kb] = v == BlockVerdict::kFull    ? kFull
                                   : v == BlockVerdict::kEmpty ? kEmpty
                                                               : kPartial;

@@ -77,8 +77,9 @@ Interval read_range(const Captured& c, const std::vector<Interval>& box) {
 
 BlockVerdict classify_block(const CompiledProgram& program, const std::vector<Captured>& captured,
                             int64_t b, int64_t h, int64_t q_lo, int64_t q_hi, int64_t kv_lo,
-                            int64_t kv_hi) {
+                            int64_t kv_hi, bool* reads_in_bounds) {
   std::vector<Interval> v(program.code.size());
+  bool in_bounds = true;
   for (size_t k = 0; k < program.code.size(); ++k) {
     const Instr& in = program.code[k];
     auto A = [&](int i) { return v[in.args[i]]; };
@@ -95,6 +96,11 @@ BlockVerdict classify_block(const CompiledProgram& program, const std::vector<Ca
       case Op::kRead: {
         std::vector<Interval> box;
         for (size_t d = 0; d < in.args.size(); ++d) box.push_back(A(static_cast<int>(d)));
+        const Tensor& t = captured[in.slot].tensor();
+        for (size_t d = 0; d < box.size(); ++d) {
+          in_bounds = in_bounds && box[d].lo >= 0.0 &&
+                      box[d].hi < static_cast<double>(t.size(static_cast<int64_t>(d)));
+        }
         r = read_range(captured[in.slot], box);
         break;
       }
@@ -198,6 +204,7 @@ BlockVerdict classify_block(const CompiledProgram& program, const std::vector<Ca
     if (in.type == ValueType::kBool && !(r.lo >= 0.0 && r.hi <= 1.0)) r = kUnknownBool;
     v[k] = r;
   }
+  if (reads_in_bounds) *reads_in_bounds = in_bounds;
   const Interval out = v[program.result];
   if (out.lo == 1.0) return BlockVerdict::kFull;
   if (out.hi == 0.0) return BlockVerdict::kEmpty;

@@ -230,6 +230,17 @@ TEST(FlexErrors, CreateBlockMaskRejectsInvalidArguments) {
   EXPECT_THROW(sdpa::flex::create_block_mask(m, 1, 1, 8, -1), sdpa::Error);
   EXPECT_THROW(sdpa::flex::create_block_mask(m, 1, 1, 8, 8, 0), sdpa::Error);
   EXPECT_THROW(sdpa::flex::create_block_mask(m, 1, 1, 8, 8, -16), sdpa::Error);
+  EXPECT_TRUE(throws_error_containing([&] { sdpa::flex::create_block_mask(m, 1, 1, -3, 8); },
+                                      {"Q_LEN", "-3"}));
+  EXPECT_TRUE(throws_error_containing([&] { sdpa::flex::create_block_mask(m, 1, 1, 8, 8, 0); },
+                                      {"BLOCK_SIZE", "0"}));
+  // Zero lengths are a defined, empty result (PyTorch accepts them too).
+  const BlockMask empty_q = sdpa::flex::create_block_mask(m, 1, 1, 0, 8);
+  EXPECT_EQ(empty_q.num_q_blocks(), 0);
+  EXPECT_EQ(empty_q.num_kv_blocks(), 1);
+  const BlockMask empty_kv = sdpa::flex::create_block_mask(m, 2, 1, 8, 0);
+  EXPECT_EQ(empty_kv.num_kv_blocks(), 0);
+  EXPECT_EQ(empty_kv.kv_num_blocks.item({0, 0, 0}), 0.0);
   EXPECT_THROW(mods::sliding_window(-1), sdpa::Error);
   EXPECT_THROW(mods::prefix_lm(-1), sdpa::Error);
   EXPECT_THROW(mods::soft_cap(0.0), sdpa::Error);
