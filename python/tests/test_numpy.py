@@ -407,8 +407,17 @@ def test_threads_and_memory_stats():
     with pytest.raises(ValueError):
         sdpa.set_num_threads(0)
     stats = sdpa.memory_stats()
-    assert set(stats) == {"current_bytes", "peak_bytes"}
+    assert set(stats) == {"current_bytes", "peak_bytes", "cached_bytes"}
     sdpa.reset_peak_memory()
+    # A freed block of 2 MiB or more is cached for reuse until empty_cache().
+    sdpa.empty_cache()
+    assert sdpa.memory_stats()["cached_bytes"] == 0
+    q = np.ones((1, 1, 1 << 16, 16), np.float32)  # out: 4 MiB
+    out = sdpa.scaled_dot_product_attention(q, q[:, :, :8], q[:, :, :8])
+    del out
+    assert sdpa.memory_stats()["cached_bytes"] >= 4 << 20
+    sdpa.empty_cache()
+    assert sdpa.memory_stats()["cached_bytes"] == 0
 
 
 def test_info_module():

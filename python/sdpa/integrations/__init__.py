@@ -1,7 +1,8 @@
 """Integrations with other libraries, each imported on demand (none is a dependency).
 
-Planned: ``sdpa.integrations.transformers.register()``, registering an attention function
-with transformers' AttentionInterface (attn_implementation="sdpa_cpp"). An integration is
-a module here that imports its library lazily and calls the public ``sdpa`` API (or
-``sdpa.torch`` for autograd-aware torch calls).
+- ``sdpa.integrations.transformers``: ``register()`` adds ``attn_implementation="sdpa_cpp"``
+  to Hugging Face transformers (every attention layer of a model through sdpa).
+
+An integration is a module here that imports its library lazily and calls the public
+``sdpa`` API (or ``sdpa.torch`` for autograd-aware torch calls).
 """

