@@ -113,6 +113,18 @@ struct RowSupport {
   const int64_t* end;
 };
 
+/// Union [lo, hi) of the supports of rows [r, r + rows); lo >= hi when all are empty.
+HWY_INLINE void PanelSupport(const RowSupport& support, int64_t r, int64_t rows, int64_t& lo,
+                             int64_t& hi) {
+  lo = INT64_MAX;
+  hi = 0;
+  for (int64_t i = r; i < r + rows; ++i) {
+    if (support.begin[i] >= support.end[i]) continue;
+    lo = std::min(lo, support.begin[i]);
+    hi = std::max(hi, support.end[i]);
+  }
+}
+
 /// S[m, kBlock] = A[m, depth] . B[depth, kBlock], computing for each panel of kGemmRows
 /// rows only the vectors covering its rows' support; the other entries are left as they
 /// were (the caller masks them). A triangle or band edge crossing the tile costs about
@@ -124,12 +136,8 @@ HWY_INLINE void GemmRowSupport(int64_t m, int64_t n, int64_t depth, const float*
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   for (int64_t r = 0; r < m; r += kGemmRows) {
     const int64_t rows = std::min(kGemmRows, m - r);
-    int64_t lo = n, hi = 0;
-    for (int64_t i = r; i < r + rows; ++i) {
-      if (support.begin[i] >= support.end[i]) continue;
-      lo = std::min(lo, support.begin[i]);
-      hi = std::max(hi, support.end[i]);
-    }
+    int64_t lo, hi;
+    PanelSupport(support, r, rows, lo, hi);
     if (lo >= hi) continue;
     lo = lo / lanes * lanes;
     hi = std::min(n, (hi + lanes - 1) / lanes * lanes);
@@ -144,12 +152,8 @@ HWY_INLINE void GemmAccumulateRowSupport(int64_t m, int64_t n, const float* p, i
                                          const RowSupport& support) {
   for (int64_t r = 0; r < m; r += kGemmRows) {
     const int64_t rows = std::min(kGemmRows, m - r);
-    int64_t lo = INT64_MAX, hi = 0;
-    for (int64_t i = r; i < r + rows; ++i) {
-      if (support.begin[i] >= support.end[i]) continue;
-      lo = std::min(lo, support.begin[i]);
-      hi = std::max(hi, support.end[i]);
-    }
+    int64_t lo, hi;
+    PanelSupport(support, r, rows, lo, hi);
     if (lo >= hi) continue;
     Gemm(rows, n, hi - lo, p + r * ldp + lo, ldp, b + lo * ldb, ldb, c + r * ldc, ldc, true);
   }
