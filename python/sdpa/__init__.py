@@ -35,7 +35,8 @@ from ._api import (
     scaled_dot_product_attention_with_lse,
 )
 from ._kernel import sdpa_kernel
-from . import attention, backends
+from . import attention, backends, flex
+from .flex import BlockMask, and_masks, create_block_mask, flex_attention, noop_mask, or_masks
 
 import sys as _sys
 
@@ -51,6 +52,13 @@ __version__ = _C.version()
 default_generator = _C.default_generator()
 
 __all__ = [
+    "BlockMask",
+    "and_masks",
+    "create_block_mask",
+    "flex",
+    "flex_attention",
+    "noop_mask",
+    "or_masks",
     "AttentionGradients",
     "AttentionOutput",
     "BackendVerdict",

@@ -188,3 +188,42 @@ def scaled_dot_product_attention_with_lse(query: Tensor, key: Tensor, value: Ten
     seed, offset, backend = info.tolist()
     return AttentionOutput(out, lse, _C.SDPBackend(backend), (_unsigned(seed), offset))
 
+
+class _FlexFunction(torch.autograd.Function):
+    """flex_attention with autograd: q, k, v and the captured torch tensors are inputs, so
+    gradients reach a learnable bias table; the backward is the library's (symbolic
+    d(score_mod)/d(score), deterministic captured-tensor accumulation)."""
+
+    @staticmethod
+    def forward(ctx, flex_args, query, key, value, *captured):
+        program, block_mask, scale, enable_gqa, names = flex_args
+        out, lse, _ = _C.flex_attention(query.detach(), key.detach(), value.detach(), program,
+                                        block_mask, scale, enable_gqa)
+        out, lse = torch.from_dlpack(out), torch.from_dlpack(lse)
+        ctx.flex_args = flex_args
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        program, block_mask, scale, enable_gqa, names = ctx.flex_args
+        query, key, value, out, lse = ctx.saved_tensors
+        gq, gk, gv, captured = _C.flex_attention_backward(
+            grad_out.contiguous(), query.detach(), key.detach(), value.detach(), out, lse,
+            program, block_mask, scale, enable_gqa)
+        by_name = dict(zip(program.captured_names, captured)) if program is not None else {}
+        grads = [None if by_name.get(n) is None else torch.from_dlpack(by_name[n])
+                 for n in names]
+        return (None, torch.from_dlpack(gq), torch.from_dlpack(gk), torch.from_dlpack(gv),
+                *grads)
+
+
+def _flex_autograd(query: Tensor, key: Tensor, value: Tensor, program, block_mask, scale,
+                   enable_gqa: bool, sources: dict):
+    """(out, lse) of sdpa.flex_attention for torch tensors, differentiable in query, key,
+    value and every captured torch tensor that requires grad."""
+    names = [n for n, t in sources.items() if isinstance(t, torch.Tensor)]
+    return _FlexFunction.apply((program, block_mask, scale, enable_gqa, names), query, key,
+                               value, *(sources[n] for n in names))
+

@@ -32,5 +32,6 @@ void bind_bias(nb::module_& m);
 void bind_generator(nb::module_& m);
 void bind_attention(nb::module_& m);
 void bind_info(nb::module_& m);
+void bind_flex(nb::module_& m);
 
 }  // namespace sdpa::python

@@ -14,4 +14,5 @@ NB_MODULE(_C, m) {
   sdpa::python::bind_generator(m);
   sdpa::python::bind_attention(m);
   sdpa::python::bind_info(m);
+  sdpa::python::bind_flex(m);
 }
