@@ -1,5 +1,7 @@
 #include "cpu/capability.h"
 
+#include "cpu/bf16_dot.h"
+
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -46,6 +48,14 @@ Capability detected_capability() {
   if (targets & HWY_AVX3) return Capability::kAVX512;
   if (targets & HWY_AVX2) return Capability::kAVX2;
   return Capability::kDefault;
+}
+
+bool bf16_dot_available() {
+  static const bool available = [] {
+    const char* off = std::getenv("SDPA_DISABLE_BF16_DOT");
+    return __builtin_cpu_supports("avx512bf16") && !(off != nullptr && std::string(off) == "1");
+  }();
+  return available;
 }
 
 Capability active_capability() {

@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "core/parallel.h"
+#include "cpu/bf16_dot.h"
 #include "cpu/flash_decode.h"
 #include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
@@ -11,22 +12,40 @@
 
 namespace sdpa::cpu {
 
+bool uses_bf16_dot(const AttentionParams& p) {
+  return p.q.dtype() == DType::kBFloat16 && active_capability() == Capability::kAVX512 &&
+         bf16_dot_available();
+}
+
 FlashScratch::FlashScratch(const AttentionParams& params)
     : head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kMaxLanes)),
+      bf16_dot(uses_bf16_dot(params)),
+      head_dim_qk_pairs2(round_up(params.head_dim_qk, 2)),
       flex(params.mask, kBlockKv) {
   const int64_t head_dim_qk = params.head_dim_qk, head_dim_vo = params.head_dim_vo;
+  // The bf16 buffers hold two elements per float slot.
   const int64_t sizes[] = {kBlockQ * head_dim_qk, kBlockQ * kBlockKv,
                            kBlockQ * head_dim_vo_padded, kBlockQ, kBlockQ,
-                           std::max(head_dim_qk, head_dim_vo)};
+                           std::max(head_dim_qk, head_dim_vo),
+                           bf16_dot ? kBlockQ * head_dim_qk_pairs2 / 2 : 0,
+                           bf16_dot ? kBlockQ * kBlockKv / 2 : 0};
   int64_t total = 0;
   for (int64_t s : sizes) total += round_up(s, kMaxLanes);
   buffer_ = Tensor::empty({total}, DType::kFloat32);
   float* next = buffer_.data<float>();
-  float** slots[] = {&q, &scores, &acc, &row_max, &row_sum, &row};
-  for (size_t i = 0; i < std::size(slots); ++i) {
-    *slots[i] = next;
+  float* slots[std::size(sizes)];
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    slots[i] = next;
     next += round_up(sizes[i], kMaxLanes);
   }
+  q = slots[0];
+  scores = slots[1];
+  acc = slots[2];
+  row_max = slots[3];
+  row_sum = slots[4];
+  row = slots[5];
+  q_bf16 = reinterpret_cast<uint16_t*>(slots[6]);
+  p_bf16 = reinterpret_cast<uint16_t*>(slots[7]);
 }
 
 FlashScratch::~FlashScratch() = default;
@@ -37,7 +56,7 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   const int64_t q_blocks = (p.q_len + kBlockQ - 1) / kBlockQ;
   const int64_t group_items = p.group_size() * q_blocks;
   if (p.batch * p.num_heads_q * q_blocks == 0) return;
-  PackedKv kv(p);
+  PackedKv kv(p, uses_bf16_dot(p));
   detail::ParallelErrors errors;
   // Per (batch, kv head): the threads share the q-blocks of every query head of the group,
   // packing k/v tiles on first use. Dynamic scheduling balances causal masks, whose later

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cpu/bf16_dot.h"
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/philox.h"
@@ -32,7 +33,24 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
   const DenseMaskRows dense(p.mask, b, h);
   const float scale = static_cast<float>(p.scale);
 
-  pack_rows(q_rows, q_begin, rows, E, E, ws.q, scale);
+#if HWY_TARGET == HWY_AVX3
+  const bool bf16 = ws.bf16_dot;
+#else
+  const bool bf16 = false;  // uses_bf16_dot() holds only at the AVX512 level
+#endif
+  const int64_t e2 = ws.head_dim_qk_pairs2;
+  if (bf16) {
+    // q as bf16 bits, unscaled (scale multiplies the float32 scores: exact either way for
+    // powers of two, one rounding less otherwise).
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint16_t* src = static_cast<const uint16_t*>(q_rows.row_data(q_begin + r));
+      uint16_t* dst = ws.q_bf16 + r * e2;
+      for (int64_t e = 0; e < E; ++e) dst[e] = src[e * q_rows.col_stride()];
+      std::fill(dst + E, dst + e2, uint16_t{0});
+    }
+  } else {
+    pack_rows(q_rows, q_begin, rows, E, E, ws.q, scale);
+  }
   std::fill(ws.acc, ws.acc + rows * ev_pad, 0.0f);
   std::fill(ws.row_max, ws.row_max + rows, kNegInf);
   std::fill(ws.row_sum, ws.row_sum + rows, 0.0f);
@@ -54,14 +72,19 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     int64_t begin[kBlockQ], end[kBlockQ];
     const RowSupport support{begin, end};
     bool trimmed = false;  // some row does not see the whole tile
-    if (needs_mask) {
+    if (needs_mask && !bf16) {
       for (int64_t r = 0; r < rows; ++r) {
         begin[r] = std::clamp<int64_t>(ws.row_keys[r].begin - j0, 0, cols);
         end[r] = std::clamp<int64_t>(ws.row_keys[r].end - j0, begin[r], cols);
         trimmed = trimmed || begin[r] > 0 || end[r] < cols;
       }
     }
-    if (trimmed) {
+    if (bf16) {
+#if HWY_TARGET == HWY_AVX3
+      Bf16Gemm(rows, kBlockKv, e2 / 2, ws.q_bf16, e2, t.k_pairs, ws.scores, kBlockKv, false);
+      ScaleRow(ws.scores, rows * kBlockKv, scale);
+#endif
+    } else if (trimmed) {
       GemmRowSupport(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, support);
     } else {
       Gemm(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, false);
@@ -81,7 +104,15 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
       }
     }
 
-    if (trimmed) {
+    if (bf16) {
+#if HWY_TARGET == HWY_AVX3
+      // P in bf16 for the second product, as FlashAttention does on GPUs.
+      for (int64_t r = 0; r < rows; ++r) {
+        ConvertRowToBf16(ws.scores + r * kBlockKv, ws.p_bf16 + r * kBlockKv, kBlockKv);
+      }
+      Bf16Gemm(rows, ev_pad, kBlockKv / 2, ws.p_bf16, kBlockKv, t.v_pairs, ws.acc, ev_pad, true);
+#endif
+    } else if (trimmed) {
       GemmAccumulateRowSupport(rows, ev_pad, ws.scores, kBlockKv, t.v, t.v_ld, ws.acc, ev_pad,
                                support);
     } else {

@@ -20,6 +20,9 @@ inline constexpr int64_t kMaxLanes = 16;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/// Whether the flash forward of `params` takes the vdpbf16ps path.
+bool uses_bf16_dot(const AttentionParams& params);
+
 /// One thread's float32 working set, 64-byte aligned:
 ///   q [kBlockQ, E] (pre-scaled), scores [kBlockQ, kBlockKv], acc [kBlockQ, Ev_pad],
 ///   row_max / row_sum [kBlockQ], row [max(E, Ev)] (one converted input row).
@@ -30,12 +33,19 @@ struct FlashScratch {
   FlashScratch& operator=(const FlashScratch&) = delete;
 
   int64_t head_dim_vo_padded;
+  /// Whether this call multiplies bf16 with vdpbf16ps (bf16 inputs on an AVX512_BF16 CPU
+  /// at the AVX512 level): q_bf16 and p_bf16 are then used instead of q.
+  bool bf16_dot;
+  /// Even E (head_dim rounded up to pairs).
+  int64_t head_dim_qk_pairs2;
   float* q;
   float* scores;
   float* acc;
   float* row_max;
   float* row_sum;
   float* row;
+  uint16_t* q_bf16;  ///< [kBlockQ, head_dim_qk_pairs2] bf16 bits, unscaled
+  uint16_t* p_bf16;  ///< [kBlockQ, kBlockKv] bf16 bits of P
   /// row_columns() of the current q-block's rows.
   ColumnRange row_keys[kBlockQ];
   /// Flex program buffers and BlockMask lookup (inactive without flex).

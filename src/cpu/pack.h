@@ -47,22 +47,30 @@ inline void pack_transposed(const RowView& rows, int64_t first, int64_t count, i
 /// Ev a multiple of kMaxLanes is read in place (it already has the GEMM's layout).
 class PackedKv {
  public:
-  /// One key tile's operands for the GEMMs.
+  /// One key tile's operands for the GEMMs (float32, or bf16 pairs in bf16 mode).
   struct Tile {
     const float* k_t;  ///< [E, kBlockKv]
     const float* v;    ///< [kBlockKv, Ev_pad] rows, `v_ld` floats apart
     int64_t v_ld;
+    const uint16_t* k_pairs;  ///< bf16 mode: [E2 / 2][kBlockKv][2] (bf16_dot.h layout)
+    const uint16_t* v_pairs;  ///< bf16 mode: [kBlockKv / 2][Ev_pad][2]
   };
 
-  explicit PackedKv(const AttentionParams& p)
+  /// `bf16_pairs`: pack bfloat16 k and v as vdpbf16ps pairs (uses_bf16_dot) instead of
+  /// float32.
+  PackedKv(const AttentionParams& p, bool bf16_pairs)
       : head_dim_qk_(p.head_dim_qk),
         head_dim_vo_(p.head_dim_vo),
         head_dim_vo_padded_(round_up(std::max<int64_t>(p.head_dim_vo, 1), kMaxLanes)),
-        v_in_place_(p.v.dtype() == DType::kFloat32 && p.v.stride(3) == 1 &&
+        bf16_pairs_(bf16_pairs),
+        v_in_place_(!bf16_pairs && p.v.dtype() == DType::kFloat32 && p.v.stride(3) == 1 &&
                     head_dim_vo_padded_ == p.head_dim_vo),
-        tile_floats_(round_up(head_dim_qk_ * kBlockKv +
-                                  (v_in_place_ ? 0 : kBlockKv * head_dim_vo_padded_),
-                              kMaxLanes)),
+        tile_floats_(bf16_pairs ? round_up((round_up(head_dim_qk_, 2) + head_dim_vo_padded_) *
+                                               kBlockKv / 2,
+                                           kMaxLanes)
+                                : round_up(head_dim_qk_ * kBlockKv +
+                                               (v_in_place_ ? 0 : kBlockKv * head_dim_vo_padded_),
+                                           kMaxLanes)),
         num_tiles_((p.kv_len + kBlockKv - 1) / kBlockKv),
         buffer_(Tensor::empty({std::max<int64_t>(num_tiles_ * tile_floats_, 1)},
                               DType::kFloat32)),
@@ -90,10 +98,14 @@ class PackedKv {
       }
     }
     float* k_t = base(tile);
+    if (bf16_pairs_) {
+      const uint16_t* k_pairs = reinterpret_cast<const uint16_t*>(k_t);
+      return {nullptr, nullptr, 0, k_pairs, k_pairs + round_up(head_dim_qk_, 2) * kBlockKv};
+    }
     if (!v_in_place_) return {k_t, k_t + head_dim_qk_ * kBlockKv, head_dim_vo_padded_};
     const float* v = p.v.data<float>() + b * p.v.stride(0) + hk * p.v.stride(1) +
                      tile * kBlockKv * p.v.stride(2);
-    return {k_t, v, p.v.stride(2)};
+    return {k_t, v, p.v.stride(2), nullptr, nullptr};
   }
 
  private:
@@ -102,6 +114,7 @@ class PackedKv {
     const int64_t first = tile * kBlockKv;
     const int64_t count = std::min(kBlockKv, p.kv_len - first);
     float* k_t = base(tile);
+    if (bf16_pairs_) return pack_pairs(p, b, hk, first, count, reinterpret_cast<uint16_t*>(k_t));
     pack_transposed(RowView(p.k, b, hk), first, count, head_dim_qk_, k_t, row_tmp);
     if (v_in_place_) return;
     float* v = k_t + head_dim_qk_ * kBlockKv;
@@ -109,8 +122,29 @@ class PackedKv {
     std::fill(v + count * head_dim_vo_padded_, v + kBlockKv * head_dim_vo_padded_, 0.0f);
   }
 
+  // bf16 bits of k and v rows [first, first + count) as vdpbf16ps pairs (bf16_dot.h):
+  // k pairs over the head dim, v pairs over the keys; padding is zero.
+  void pack_pairs(const AttentionParams& p, int64_t b, int64_t hk, int64_t first, int64_t count,
+                  uint16_t* k_pairs) const {
+    const int64_t e2 = round_up(head_dim_qk_, 2), ev = head_dim_vo_padded_;
+    uint16_t* v_pairs = k_pairs + e2 * kBlockKv;
+    std::fill(k_pairs, k_pairs + (e2 + ev) * kBlockKv, uint16_t{0});
+    const RowView k(p.k, b, hk), v(p.v, b, hk);
+    for (int64_t c = 0; c < count; ++c) {
+      const uint16_t* k_row = static_cast<const uint16_t*>(k.row_data(first + c));
+      for (int64_t e = 0; e < head_dim_qk_; ++e) {
+        k_pairs[(e / 2) * 2 * kBlockKv + 2 * c + e % 2] = k_row[e * k.col_stride()];
+      }
+      const uint16_t* v_row = static_cast<const uint16_t*>(v.row_data(first + c));
+      for (int64_t e = 0; e < head_dim_vo_; ++e) {
+        v_pairs[(c / 2) * 2 * ev + 2 * e + c % 2] = v_row[e * v.col_stride()];
+      }
+    }
+  }
+
   float* base(int64_t tile) const { return buffer_.data<float>() + tile * tile_floats_; }
   int64_t head_dim_qk_, head_dim_vo_, head_dim_vo_padded_;
+  bool bf16_pairs_;
   bool v_in_place_;
   int64_t tile_floats_, num_tiles_;
   Tensor buffer_;
