@@ -34,8 +34,6 @@ struct BenchOptions {
   std::string causal = "both";
   std::vector<std::string> backends;
   bool backward = false;
-  std::string bias;
-  std::string flex;
   VariantOptions variant;
   bool peak = false;
   bool peak_only = false;
@@ -101,14 +99,15 @@ std::vector<Workload> make_workloads(const BenchCase& c, const BenchOptions& o) 
   options.is_causal = c.causal;
   options.enable_gqa = c.heads_q != c.heads_kv;
   double density = 1.0;
-  if (!o.bias.empty()) {
-    const BiasVariant bias = make_bias(o.bias, c.batch, c.heads_q, c.seq_len, c.seq_len, o.variant);
+  if (!o.variant.bias.empty()) {
+    const BiasVariant bias =
+        make_bias(o.variant.bias, c.batch, c.heads_q, c.seq_len, c.seq_len, o.variant);
     options.attn_mask = bias.bias;
     density = bias.density;
   }
   const auto flex = std::make_shared<FlexVariant>();
-  if (!o.flex.empty()) {
-    *flex = make_flex(o.flex, c.batch, c.heads_q, c.seq_len, c.seq_len, o.variant);
+  if (!o.variant.flex.empty()) {
+    *flex = make_flex(o.variant.flex, c.batch, c.heads_q, c.seq_len, c.seq_len, o.variant);
   }
   const flex::BlockMask* block_mask = flex->block_mask.get();
 
@@ -160,12 +159,12 @@ Measurement measure(const std::function<void()>& call, int warmup, int repeats) 
 }
 
 // Why `backend` is not measured on `w`, or nullopt when it is.
-std::optional<std::string> skip_reason(SDPBackend backend, const Workload& w,
-                                       const Explanation& e, const BenchOptions& o) {
+std::optional<std::string> skip_reason(SDPBackend backend, const Workload& w, const Explanation& e,
+                                       const BenchOptions& o) {
   const AttentionParams& p = w.params;
   if (backend == SDPBackend::MATH) {
-    const uint64_t score_bytes = static_cast<uint64_t>(p.batch) * p.num_heads_q * p.q_len *
-                                 p.kv_len * sizeof(float);
+    const uint64_t score_bytes =
+        static_cast<uint64_t>(p.batch) * p.num_heads_q * p.q_len * p.kv_len * sizeof(float);
     if (score_bytes > o.max_math_bytes) {
       return "its " + format_bytes(static_cast<int64_t>(score_bytes)) +
              " score buffer exceeds --max-math-bytes " +
@@ -183,8 +182,8 @@ std::optional<std::string> skip_reason(SDPBackend backend, const Workload& w,
 }
 
 std::string variant_name(const BenchOptions& o) {
-  if (!o.bias.empty()) return "bias:" + o.bias;
-  if (!o.flex.empty()) return "flex:" + o.flex;
+  if (!o.variant.bias.empty()) return "bias:" + o.variant.bias;
+  if (!o.variant.flex.empty()) return "flex:" + o.variant.flex;
   return "none";
 }
 
@@ -200,15 +199,16 @@ Report make_report(const BenchOptions& o, const std::optional<MachinePeak>& peak
     r.context.push_back({"peak_fp32_gflops", std::to_string(peak->fp32_gflops) + " (" +
                                                  peak->fp32_isa + " FMA, " +
                                                  std::to_string(peak->threads) + " threads)"});
-    r.context.push_back({"peak_bf16_gflops", peak->bf16_gflops
-                                                 ? std::to_string(*peak->bf16_gflops) + " (vdpbf16ps)"
-                                                 : "n/a (no avx512_bf16)"});
-    r.context.push_back({"peak_copy_gbps", std::to_string(peak->copy_gbps) +
-                                               " (read + write bytes)"});
+    r.context.push_back(
+        {"peak_bf16_gflops", peak->bf16_gflops ? std::to_string(*peak->bf16_gflops) + " (vdpbf16ps)"
+                                               : "n/a (no avx512_bf16)"});
+    r.context.push_back(
+        {"peak_copy_gbps", std::to_string(peak->copy_gbps) + " (read + write bytes)"});
   }
-  r.columns = {{"batch"},   {"heads_q"}, {"heads_kv"},     {"q_len"},  {"kv_len"},
-               {"head_dim"}, {"dtype"},  {"causal"},       {"pass"},   {"backend"},
-               {"median_ms", 3}, {"min_ms", 3}, {"gflops", 1}, {"peak_extra_bytes"}};
+  r.columns = {{"batch"},     {"heads_q"},         {"heads_kv"},     {"q_len"},
+               {"kv_len"},    {"head_dim"},        {"dtype"},        {"causal"},
+               {"pass"},      {"backend"},         {"median_ms", 3}, {"min_ms", 3},
+               {"gflops", 1}, {"peak_extra_bytes"}};
   if (peak) r.columns.push_back({"pct_of_peak", 1});
   return r;
 }
@@ -220,7 +220,8 @@ double peak_for(const MachinePeak& peak, DType dtype) {
 }
 
 int run_bench(const BenchOptions& o) {
-  if (!o.bias.empty() && !o.flex.empty()) throw UsageError("--bias and --flex are exclusive");
+  if (!o.variant.bias.empty() && !o.variant.flex.empty())
+    throw UsageError("--bias and --flex are exclusive");
   std::optional<MachinePeak> peak;
   if (o.peak || o.peak_only) {
     std::cerr << "measuring the machine's peaks...\n";
@@ -260,15 +261,29 @@ int run_bench(const BenchOptions& o) {
         const double gflops = w.flops / (m.median_ms * 1e6);
         std::cerr << std::fixed << std::setprecision(3) << m.median_ms << " ms, "
                   << std::setprecision(1) << gflops << " GFLOP/s\n";
-        std::vector<Cell> row = {c.batch, c.heads_q, c.heads_kv, c.seq_len, c.seq_len,
-                                 c.head_dim, std::string(dtype_name(c.dtype)), c.causal, w.pass,
-                                 name, m.median_ms, m.min_ms, gflops, m.peak_extra_bytes};
+        std::vector<Cell> row = {c.batch,
+                                 c.heads_q,
+                                 c.heads_kv,
+                                 c.seq_len,
+                                 c.seq_len,
+                                 c.head_dim,
+                                 std::string(dtype_name(c.dtype)),
+                                 c.causal,
+                                 w.pass,
+                                 name,
+                                 m.median_ms,
+                                 m.min_ms,
+                                 gflops,
+                                 m.peak_extra_bytes};
         if (peak) row.push_back(100.0 * gflops / peak_for(*peak, c.dtype));
         report.rows.push_back(std::move(row));
       }
     }
   }
-  write_report(report, o.json ? ReportFormat::kJson : o.csv ? ReportFormat::kCsv : ReportFormat::kTable,
+  write_report(report,
+               o.json  ? ReportFormat::kJson
+               : o.csv ? ReportFormat::kCsv
+                       : ReportFormat::kTable,
                std::cout);
   return kExitOk;
 }
@@ -288,7 +303,9 @@ Command add_bench_command(CLI::App& parent) {
       ->delimiter(',')
       ->check(positive)
       ->capture_default_str();
-  app->add_option("--head-dim", o->head_dim, "Head dim E = Ev")->check(positive)->capture_default_str();
+  app->add_option("--head-dim", o->head_dim, "Head dim E = Ev")
+      ->check(positive)
+      ->capture_default_str();
   app->add_option("--dtype", o->dtype, "Element type")
       ->check(CLI::IsMember({"float32", "bfloat16", "float16", "float64"}))
       ->capture_default_str();
@@ -298,16 +315,14 @@ Command add_bench_command(CLI::App& parent) {
   add_backends_option(*app, o->backends);
   app->add_flag("--backward", o->backward,
                 "Also time the backward (GFLOP/s as FlashAttention: 2.5x the forward's FLOPs)");
-  app->add_option("--bias", o->bias, "Run every case with this AttnBias (" + join(bias_names()) + ")")
-      ->check(CLI::IsMember(bias_names()));
-  app->add_option("--flex", o->flex, "Run every case with this standard flex mod (" +
-                                         join(flex_names()) + ")")
-      ->check(CLI::IsMember(flex_names()));
   add_variant_options(*app, o->variant);
   app->add_flag("--peak", o->peak,
                 "Measure fp32 FMA, bf16 dot and copy bandwidth peaks first; add pct_of_peak");
-  app->add_flag("--peak-only", o->peak_only, "Only measure and print the peaks (as key: value lines)");
-  app->add_option("--repeats", o->repeats, "Timed calls per row")->check(positive)->capture_default_str();
+  app->add_flag("--peak-only", o->peak_only,
+                "Only measure and print the peaks (as key: value lines)");
+  app->add_option("--repeats", o->repeats, "Timed calls per row")
+      ->check(positive)
+      ->capture_default_str();
   app->add_option("--warmup", o->warmup, "Untimed calls first (the first also measures memory)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

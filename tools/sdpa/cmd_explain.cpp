@@ -17,7 +17,7 @@ struct ExplainOptions {
   int64_t heads_q = 8;
   std::optional<int64_t> heads_kv;  // default: heads_q
   int64_t q_len = 128;
-  std::optional<int64_t> kv_len;    // default: q_len
+  std::optional<int64_t> kv_len;  // default: q_len
   int64_t head_dim = 64;
   std::optional<int64_t> head_dim_v;  // default: head_dim
   std::string dtype = "float32";
@@ -26,8 +26,6 @@ struct ExplainOptions {
   double dropout = 0.0;
   bool gqa = false;
   std::string layout = "bhsd";
-  std::string bias;
-  std::string flex;
   VariantOptions variant;
   bool backward = false;
   std::vector<std::string> backends;
@@ -52,12 +50,15 @@ int run_explain(const ExplainOptions& o) {
   const Tensor k = make_input(o, heads_kv, kv_len, o.head_dim, dtype);
   const Tensor v = make_input(o, heads_kv, kv_len, head_dim_v, dtype);
   SDPAOptions options;
-  if (!o.bias.empty() && o.mask != "none") throw UsageError("--bias and --mask are exclusive");
+  if (!o.variant.bias.empty() && o.mask != "none")
+    throw UsageError("--bias and --mask are exclusive");
   // [B, 1, L, S]: one mask per sequence (padding-style), broadcast over heads.
-  if (o.mask == "bool") options.attn_mask = Tensor::empty({o.batch, 1, o.q_len, kv_len}, DType::kBool);
+  if (o.mask == "bool")
+    options.attn_mask = Tensor::empty({o.batch, 1, o.q_len, kv_len}, DType::kBool);
   if (o.mask == "float") options.attn_mask = Tensor::empty({o.batch, 1, o.q_len, kv_len}, dtype);
-  if (!o.bias.empty()) {
-    options.attn_mask = make_bias(o.bias, o.batch, o.heads_q, o.q_len, kv_len, o.variant).bias;
+  if (!o.variant.bias.empty()) {
+    options.attn_mask =
+        make_bias(o.variant.bias, o.batch, o.heads_q, o.q_len, kv_len, o.variant).bias;
   }
   options.is_causal = o.causal;
   options.dropout_p = o.dropout;
@@ -66,7 +67,8 @@ int run_explain(const ExplainOptions& o) {
   if (o.backward && o.dropout > 0.0) options.dropout_state = PhiloxState{};
 
   std::unique_ptr<sdpa_kernel> guard;
-  if (!o.backends.empty()) guard = std::make_unique<sdpa_kernel>(parse_backends(o.backends), o.priority);
+  if (!o.backends.empty())
+    guard = std::make_unique<sdpa_kernel>(parse_backends(o.backends), o.priority);
   AttentionParams params;
   try {
     if (o.backward) {
@@ -76,8 +78,8 @@ int run_explain(const ExplainOptions& o) {
     } else {
       params = make_params(q, k, v, options);
     }
-    if (!o.flex.empty()) {
-      add_flex(params, make_flex(o.flex, o.batch, o.heads_q, o.q_len, kv_len, o.variant));
+    if (!o.variant.flex.empty()) {
+      add_flex(params, make_flex(o.variant.flex, o.batch, o.heads_q, o.q_len, kv_len, o.variant));
     }
   } catch (const Error& e) {
     // Every input came from a flag, so an invalid call is a bad flag combination.
@@ -101,11 +103,15 @@ Command add_explain_command(CLI::App& parent) {
   auto o = std::make_shared<ExplainOptions>();
   const auto positive = CLI::PositiveNumber;
   app->add_option("-b,--batch", o->batch, "Batch size B")->check(positive)->capture_default_str();
-  app->add_option("--heads-q", o->heads_q, "Query heads Hq")->check(positive)->capture_default_str();
+  app->add_option("--heads-q", o->heads_q, "Query heads Hq")
+      ->check(positive)
+      ->capture_default_str();
   app->add_option("--heads-kv", o->heads_kv, "Key/value heads Hkv (default: Hq)")->check(positive);
   app->add_option("--q-len", o->q_len, "Query length L")->check(positive)->capture_default_str();
   app->add_option("--kv-len", o->kv_len, "Key/value length S (default: L)")->check(positive);
-  app->add_option("--head-dim", o->head_dim, "Query/key head dim E")->check(positive)->capture_default_str();
+  app->add_option("--head-dim", o->head_dim, "Query/key head dim E")
+      ->check(positive)
+      ->capture_default_str();
   app->add_option("--head-dim-v", o->head_dim_v, "Value head dim Ev (default: E)")->check(positive);
   app->add_option("--dtype", o->dtype, "Element type")
       ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}))
@@ -114,15 +120,13 @@ Command add_explain_command(CLI::App& parent) {
       ->check(CLI::IsMember({"none", "bool", "float"}))
       ->capture_default_str();
   app->add_flag("--causal", o->causal, "is_causal=True");
-  app->add_option("--dropout", o->dropout, "dropout_p")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app->add_option("--dropout", o->dropout, "dropout_p")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app->add_flag("--gqa", o->gqa, "enable_gqa=True");
   app->add_option("--layout", o->layout, "Memory layout of q, k, v")
       ->check(CLI::IsMember({"bhsd", "bshd"}))
       ->capture_default_str();
-  app->add_option("--bias", o->bias, "attn_mask as an AttnBias (" + join(bias_names()) + ")")
-      ->check(CLI::IsMember(bias_names()));
-  app->add_option("--flex", o->flex, "A standard flex mod (" + join(flex_names()) + ")")
-      ->check(CLI::IsMember(flex_names()));
   add_variant_options(*app, o->variant);
   app->add_flag("--backward", o->backward, "Explain the backward pass instead of the forward");
   add_backends_option(*app, o->backends);

@@ -33,19 +33,23 @@ void require_square(const std::string& name, int64_t q_len, int64_t kv_len) {
 
 const std::vector<std::string>& bias_names() {
   static const std::vector<std::string> names = {
-      "causal-upper-left", "causal-lower-right", "window",  "alibi",
+      "causal-upper-left", "causal-lower-right", "window", "alibi",
       "documents",         "documents-causal",   "padding"};
   return names;
 }
 
 const std::vector<std::string>& flex_names() {
-  static const std::vector<std::string> names = {"causal",  "sliding-window",    "prefix-lm",
-                                                 "documents", "alibi", "relative-position",
+  static const std::vector<std::string> names = {"causal",    "sliding-window", "prefix-lm",
+                                                 "documents", "alibi",          "relative-position",
                                                  "softcap"};
   return names;
 }
 
 void add_variant_options(CLI::App& app, VariantOptions& o) {
+  app.add_option("--bias", o.bias, "attn_mask as an AttnBias (" + join(bias_names()) + ")")
+      ->check(CLI::IsMember(bias_names()));
+  app.add_option("--flex", o.flex, "A standard flex mod (" + join(flex_names()) + ")")
+      ->check(CLI::IsMember(flex_names()));
   app.add_option("--window", o.window, "Sliding window width W (window, sliding-window)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -114,7 +118,8 @@ FlexVariant make_flex(const std::string& name, int64_t batch, int64_t heads_q, i
   } else if (name == "documents") {
     require_square(name, q_len, kv_len);
     Tensor ids = Tensor::empty({q_len}, DType::kInt32);
-    for (int64_t i = 0; i < q_len; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>(i / o.doc_len);
+    for (int64_t i = 0; i < q_len; ++i)
+      ids.data<int32_t>()[i] = static_cast<int32_t>(i / o.doc_len);
     mask_mod = flex::mods::document(ids);
   } else if (name == "alibi") {
     const std::vector<float> slopes = alibi_slopes(heads_q);

@@ -3,25 +3,26 @@
 // `sdpa explain` and `sdpa bench`: an AttnBias, or a standard flex score_mod / mask_mod
 // (sdpa/flex_mods.h) with its BlockMask, built for one call shape.
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "sdpa/flex_attention.h"
 
 namespace sdpa::cli {
 
-/// Parameters the named variants take (window width, document length, ...).
+/// The variant named on the command line and the parameters it takes.
 struct VariantOptions {
-  int64_t window = 256;       ///< sliding window: keys q_idx - window .. q_idx
-  int64_t doc_len = 512;      ///< documents: packed documents of this many tokens
-  int64_t prefix_len = 256;   ///< prefix LM: visible prefix
-  double soft_cap = 30.0;     ///< tanh soft-capping value
-  int64_t block_size = 128;   ///< BlockMask block size
+  std::string bias;          ///< --bias NAME, or empty
+  std::string flex;          ///< --flex NAME, or empty
+  int64_t window = 256;      ///< sliding window: keys q_idx - window .. q_idx
+  int64_t doc_len = 512;     ///< documents: packed documents of this many tokens
+  int64_t prefix_len = 256;  ///< prefix LM: visible prefix
+  double soft_cap = 30.0;    ///< tanh soft-capping value
+  int64_t block_size = 128;  ///< BlockMask block size
 };
 
 /// Names accepted by `--bias`: causal-upper-left, causal-lower-right, window, alibi,
@@ -31,7 +32,8 @@ const std::vector<std::string>& bias_names();
 /// run through a BlockMask), alibi, relative-position, softcap (score_mods).
 const std::vector<std::string>& flex_names();
 
-/// Adds --window, --doc-len, --prefix-len, --soft-cap and --block-size to `app`.
+/// Adds --bias, --flex, --window, --doc-len, --prefix-len, --soft-cap and --block-size
+/// to `app`.
 void add_variant_options(CLI::App& app, VariantOptions& options);
 
 /// An AttnBias call variant.
