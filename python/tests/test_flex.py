@@ -1,124 +1,15 @@
-"""sdpa.flex: Python score_mod / mask_mod traced into the C++ programs.
-
-numpy tests need no torch; torch tests compare with torch.nn.attention.flex_attention run
-eagerly on CPU (forward) and with a float64 dense reference through torch autograd
-(gradients of q, k, v and of a learnable relative-position table)."""
+"""sdpa.flex with torch: the forward equals torch.nn.attention.flex_attention run eagerly
+on CPU (FlexAttention's example mods, GQA, torch's own BlockMask accepted), gradients of
+q, k, v and of captured tensors (a learnable bias table, slopes, a 0-d scale) equal torch
+autograd through a float64 dense reference. numpy-only flex tests: test_flex_numpy.py;
+tracing: test_flex_trace.py."""
 
 import math
 import os
 
-import numpy as np
 import pytest
 
 import sdpa
-from sdpa import flex
-
-# ---- numpy: no torch needed -------------------------------------------------------------
-
-
-def dense_reference(q, k, v, score, keep, scale):
-    """float64 softmax(score(q k^T * scale) masked by keep) v; fully masked rows give 0."""
-    s = np.einsum("bhle,bhse->bhls", q.astype(np.float64), k.astype(np.float64)) * scale
-    s = score(s)
-    s = np.where(keep, s, -np.inf)
-    m = s.max(-1, keepdims=True)
-    p = np.where(np.isfinite(m), np.exp(s - np.where(np.isfinite(m), m, 0)), 0.0)
-    denom = p.sum(-1, keepdims=True)
-    p = np.divide(p, denom, out=np.zeros_like(p), where=denom > 0)
-    return p @ v.astype(np.float64)
-
-
-def test_numpy_alibi_and_window_match_dense_reference(rng):
-    B, H, L, S, E = 2, 3, 70, 93, 24
-    q, k, v = (rng.standard_normal((B, H, n, E)).astype(np.float32) for n in (L, S, S))
-    slopes = np.array([0.5, 0.25, 0.125], np.float32)
-    captured = flex.capture(slopes, "slopes")
-    window = 17
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return score - captured[h] * abs(q_idx - kv_idx)
-
-    mask = flex.create_block_mask(flex.sliding_window(window), B, None, L, S, BLOCK_SIZE=16)
-    out = sdpa.flex_attention(q, k, v, score_mod=score_mod, block_mask=mask)
-    assert isinstance(out, np.ndarray) and out.shape == (B, H, L, E)
-    i = np.arange(L)[:, None]
-    j = np.arange(S)[None, :]
-    keep = (i >= j) & (i - j <= window)
-    bias = -slopes[None, :, None, None] * np.abs(i - j)[None, None].astype(np.float64)
-    want = dense_reference(q, k, v, lambda s: s + bias, keep, 1 / math.sqrt(E))
-    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
-
-
-def test_numpy_backward_matches_finite_differences(rng):
-    B, H, L, S, E = 1, 2, 9, 11, 8
-    q, k, v = (rng.standard_normal((B, H, n, E)) for n in (L, S, S))
-    cap = 3.0
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return cap * (score / cap).tanh()
-
-    out, lse = sdpa.flex_attention(q, k, v, score_mod=score_mod, return_lse=True)
-    dout = rng.standard_normal(out.shape)
-    gq, gk, gv, captured = flex.flex_attention_backward(dout, q, k, v, out, lse, score_mod)
-    assert captured == []
-
-    def loss(qq):
-        return float((sdpa.flex_attention(qq, k, v, score_mod=score_mod) * dout).sum())
-
-    eps = 1e-6
-    for idx in [(0, 0, 0, 0), (0, 1, 5, 3), (0, 1, 8, 7)]:
-        plus, minus = q.copy(), q.copy()
-        plus[idx] += eps
-        minus[idx] -= eps
-        assert gq[idx] == pytest.approx((loss(plus) - loss(minus)) / (2 * eps), rel=1e-5, abs=1e-8)
-
-
-def test_block_mask_fields_text_and_combinators():
-    doc = np.repeat(np.arange(4), 32).astype(np.int64)  # 4 documents of 32
-    mask_mod = sdpa.and_masks(flex.document(doc), flex.causal_mask)
-    bm = sdpa.create_block_mask(mask_mod, 1, 1, 128, 128, BLOCK_SIZE=16)
-    assert bm.kv_num_blocks.shape == (1, 1, 8) and bm.kv_indices.shape == (1, 1, 8, 8)
-    # Diagonal blocks are partial (causal inside), the block below each diagonal one full.
-    assert bm.kv_num_blocks[0, 0].tolist() == [1] * 8
-    assert bm.kv_indices[0, 0, :, 0].tolist() == list(range(8))
-    assert bm.full_kv_num_blocks[0, 0].tolist() == [0, 1] * 4
-    assert bm.q_num_blocks[0, 0].tolist() == [1] * 8
-    text = str(bm)
-    assert "+" in text and "#" in text and "sparsity" in text
-    assert bm.sparsity() == pytest.approx(100 * (1 - 12 / 64))
-    every = sdpa.create_block_mask(sdpa.or_masks(flex.causal_mask, sdpa.noop_mask), 1, 1, 64, 64,
-                                   BLOCK_SIZE=16)
-    assert every.sparsity() == 0.0
-
-
-def test_block_mask_png(tmp_path):
-    pytest.importorskip("matplotlib")
-    bm = sdpa.create_block_mask(flex.causal_mask, 1, 1, 256, 256, BLOCK_SIZE=32)
-    path = tmp_path / "mask.png"
-    bm.to_png(str(path))
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_untraceable_mods_raise_clear_errors(rng):
-    q = rng.standard_normal((1, 1, 4, 8)).astype(np.float32)
-
-    def branching(score, b, h, q_idx, kv_idx):
-        return score if q_idx > kv_idx else -score
-
-    with pytest.raises(TypeError, match="cannot branch"):
-        sdpa.flex_attention(q, q, q, score_mod=branching)
-    table = np.zeros(4, np.float32)
-    with pytest.raises(TypeError, match="capture"):
-        sdpa.flex_attention(q, q, q, score_mod=lambda s, b, h, qi, ki: s + table[qi])
-    short = flex.capture(np.zeros(3, np.float32), "short_table")
-    with pytest.raises(sdpa.Error, match="short_table"):
-        sdpa.flex_attention(q, q, q, score_mod=lambda s, b, h, qi, ki: s + short[qi])
-    with pytest.raises(sdpa.Error, match="index 3"):
-        sdpa.create_block_mask(lambda b, h, qi, ki: short[qi] >= 0, 1, 1, 4, 4)
-    with pytest.raises(TypeError, match="2 dimensions, indexed with 3"):
-        t2 = flex.capture(np.zeros((2, 2), np.float32))
-        sdpa.flex_attention(q, q, q, score_mod=lambda s, b, h, qi, ki: s + t2[h, qi, ki])
-
 
 # ---- torch: parity with torch.nn.attention.flex_attention ------------------------------
 
@@ -228,3 +119,130 @@ def test_gradients_with_a_learnable_bias_table(torch_flex):
     torch.testing.assert_close(out, want)
     for a, b, name in zip(ours, theirs, ["q", "k", "v", "table"]):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+def test_torch_block_mask_and_lse_match_torch(torch_flex):
+    torch, tf = torch_flex
+    B, H, L, S, E = 2, 2, 150, 150, 16
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(B, H, n, E, generator=g) for n in (L, S, S))
+    doc = torch.repeat_interleave(torch.arange(3), torch.tensor([60, 50, 40]))
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx) | (h == 1) & (kv_idx == 0)
+
+    theirs_mask = tf.create_block_mask(mask_mod, B, H, L, S, device="cpu", BLOCK_SIZE=64)
+    want, want_lse = tf.flex_attention(q, k, v, block_mask=theirs_mask, return_lse=True)
+    got, lse = sdpa.flex_attention(q, k, v, block_mask=theirs_mask, return_lse=True)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(lse, want_lse, rtol=2e-5, atol=2e-5)
+    full = tf.BlockMask.from_kv_blocks(torch.zeros(1, 1, 1, dtype=torch.int32),
+                                       torch.zeros(1, 1, 1, 1, dtype=torch.int32),
+                                       BLOCK_SIZE=64, seq_lengths=(64, 128))
+    with pytest.raises(ValueError, match="built from block indices"):
+        sdpa.flex_attention(q[..., :64, :], k[..., :128, :], v[..., :128, :], block_mask=full)
+
+
+def dense_scores(torch, q, k, score, keep, scale):
+    """float64 softmax(score(q k^T * scale) masked by keep), k heads repeated for GQA."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = score(q @ k.transpose(-1, -2) * scale)
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), -1)
+
+
+@pytest.mark.parametrize("case", ["alibi_learnable_slopes", "scaled_softcap", "document_where"])
+def test_gqa_gradients_with_captured_parameters(torch_flex, case):
+    torch, _ = torch_flex
+    B, Hq, Hkv, L, E = 2, 4, 2, 45, 8
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(B, Hq, L, E, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, Hkv, L, E, generator=g, dtype=torch.float64) for _ in range(2))
+    slopes = torch.rand(Hq, generator=g, dtype=torch.float64)
+    alpha = torch.tensor(0.7, dtype=torch.float64)
+    doc = torch.repeat_interleave(torch.arange(3), torch.tensor([20, 5, 20]))
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    hh = torch.arange(Hq)[:, None, None]
+
+    def make(params):
+        s, a = params
+        if case == "alibi_learnable_slopes":
+            return ((lambda score, b, h, q_idx, kv_idx: score + s[h] * (kv_idx - q_idx)),
+                    lambda b, h, q_idx, kv_idx: q_idx >= kv_idx,
+                    lambda x: x + s[hh] * (j - i), i >= j)
+        if case == "scaled_softcap":
+            return ((lambda score, b, h, q_idx, kv_idx: a * torch.tanh(score / a)),
+                    lambda b, h, q_idx, kv_idx: (q_idx - kv_idx).abs() <= 6,
+                    lambda x: a * torch.tanh(x / a), (i - j).abs() <= 6)
+        return ((lambda score, b, h, q_idx, kv_idx: torch.where(h < 2, score * a, score - s[h])),
+                lambda b, h, q_idx, kv_idx: doc[q_idx] == doc[kv_idx],
+                lambda x: torch.where(hh < 2, x * a, x - s[hh]), doc[i] == doc[j])
+
+    ours = [t.clone().requires_grad_() for t in (q, k, v, slopes, alpha)]
+    theirs = [t.clone().requires_grad_() for t in (q, k, v, slopes, alpha)]
+    score_mod, mask_mod, _, _ = make(ours[3:])
+    bm = sdpa.create_block_mask(mask_mod, None, None, L, L, BLOCK_SIZE=16)
+    out = sdpa.flex_attention(*ours[:3], score_mod=score_mod, block_mask=bm, enable_gqa=True,
+                              scale=0.4)
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    (out * dout).sum().backward()
+    _, _, score, keep = make(theirs[3:])
+    want = dense_scores(torch, theirs[0], theirs[1], score, keep, 0.4) @ \
+        theirs[2].repeat_interleave(Hq // Hkv, dim=1)
+    (want * dout).sum().backward()
+    torch.testing.assert_close(out, want)
+    for a, b, name in zip(ours, theirs, ["q", "k", "v", "slopes", "alpha"]):
+        if b.grad is None:
+            assert a.grad is None, name
+        else:
+            torch.testing.assert_close(a.grad, b.grad, msg=name)
+    used = {"alibi_learnable_slopes": (True, False), "scaled_softcap": (False, True),
+            "document_where": (True, True)}[case]
+    assert (ours[3].grad is not None, ours[4].grad is not None) == used
+
+
+def more_examples(torch, tf, B, H, L):
+    """More mods in the style of FlexAttention's examples (attention-gym), each written as
+    torch users write them."""
+    g = torch.Generator().manual_seed(9)
+    bias = torch.randn(L, L, generator=g)
+    prefix_length = torch.tensor([17, 64])
+    W = 8  # NATTEN-style 2-D neighbourhood on a 10 x 10 grid (L = 100)
+
+    def exp2_alibi(score, b, h, q_idx, kv_idx):
+        return score + torch.exp2(-((h + 1) * 8.0 / H)) * (kv_idx - q_idx)
+
+    def natten(b, h, q_idx, kv_idx):
+        qx, qy, kx, ky = q_idx // 10, q_idx % 10, kv_idx // 10, kv_idx % 10
+        return ((qx - kx).abs() <= 2) & ((qy - ky).abs() <= 2)
+
+    def prefix_per_batch(b, h, q_idx, kv_idx):
+        return (kv_idx <= prefix_length[b]) | (q_idx >= kv_idx)
+
+    def head_dependent(b, h, q_idx, kv_idx):
+        return torch.where(h < 2, q_idx >= kv_idx, (q_idx - kv_idx).abs() < W)
+
+    def dense_bias(score, b, h, q_idx, kv_idx):
+        return score + bias[q_idx, kv_idx]
+
+    def capped_causal(score, b, h, q_idx, kv_idx):
+        return torch.where(q_idx >= kv_idx, 30 * torch.tanh(score / 30), -float("inf"))
+
+    causal = tf.and_masks(lambda b, h, q, kv: q >= kv, tf.noop_mask)
+    return [(exp2_alibi, natten), (dense_bias, prefix_per_batch), (capped_causal, None),
+            (exp2_alibi, head_dependent), (None, tf.or_masks(causal, natten))]
+
+
+def test_more_flexattention_examples_match_torch(torch_flex):
+    torch, tf = torch_flex
+    B, H, L, E = 2, 4, 100, 16
+    g = torch.Generator().manual_seed(21)
+    q, k, v = (torch.randn(B, H, L, E, generator=g) for _ in range(3))
+    for score_mod, mask_mod in more_examples(torch, tf, B, H, L):
+        ours_mask = theirs_mask = None
+        if mask_mod is not None:
+            ours_mask = sdpa.create_block_mask(mask_mod, B, H, L, L, BLOCK_SIZE=16)
+            theirs_mask = tf.create_block_mask(mask_mod, B, H, L, L, device="cpu")
+        got = sdpa.flex_attention(q, k, v, score_mod=score_mod, block_mask=ours_mask)
+        want = tf.flex_attention(q, k, v, score_mod=score_mod, block_mask=theirs_mask)
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5,
+                                   msg=f"{score_mod and score_mod.__name__}, {mask_mod}")
