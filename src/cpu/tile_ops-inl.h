@@ -13,8 +13,8 @@
 #include <limits>
 
 #include "cpu/flash_tile.h"
-#include "cpu/pack.h"
 #include "cpu/mask_rows.h"
+#include "cpu/pack.h"
 #include "cpu/rows.h"
 #include "flex/eval_row-inl.h"
 #include "hwy/highway.h"
@@ -53,7 +53,7 @@ HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dens
   }
   if (mod_input) std::copy(s, s + kBlockKv, mod_input);
   if (flex_state && flex_state->score_mod && hi > lo) {
-    flex::HWY_NAMESPACE::ApplyScoreMod(*flex_state->score_mod, s + lo, b, h, i, j0 + lo, hi - lo);
+    flex::HWY_NAMESPACE::ApplyScoreMod(*flex_state->score_mod, s, b, h, i, j0, lo, hi);
   }
   std::fill(s, s + lo, kNegInf);
   std::fill(s + hi, s + kBlockKv, kNegInf);
@@ -67,7 +67,7 @@ HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dens
       if (st == flex::BlockState::kEmpty) {
         std::fill(s + j, s + end, kNegInf);
       } else if (st == flex::BlockState::kPartial && flex_state->mask_mod) {
-        flex::HWY_NAMESPACE::ApplyMaskMod(*flex_state->mask_mod, s + j, b, h, i, j0 + j, end - j);
+        flex::HWY_NAMESPACE::ApplyMaskMod(*flex_state->mask_mod, s, b, h, i, j0, j, end);
       }
       j = end;
     }
@@ -127,8 +127,8 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
 /// Only columns [begin, end) can hold finite scores (the row's support in this tile; the
 /// rest is -inf): the work covers the vectors spanning them and the rest is zeroed.
 /// Returns 1 and leaves the row all zero when the row has no finite score yet.
-HWY_INLINE float SoftmaxRowUpdate(float* HWY_RESTRICT s, int64_t begin, int64_t end,
-                                  float& row_max, float& row_sum) {
+HWY_INLINE float SoftmaxRowUpdate(float* HWY_RESTRICT s, int64_t begin, int64_t end, float& row_max,
+                                  float& row_sum) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t first = begin / lanes * lanes;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "sdpa/flex.h"
@@ -26,24 +27,37 @@ class BlockMaskLookup {
   }
 
   /// Key columns [begin, end) spanned by the non-empty blocks of rows [r0, r1) of (b, h).
+  /// Reads only the listed blocks (kv_indices, full_kv_indices), not every kv block.
   std::pair<int64_t, int64_t> columns(int64_t b, int64_t h, int64_t r0, int64_t r1) {
-    int64_t lo = mask_->kv_len, hi = 0;
+    int64_t first = mask_->num_kv_blocks(), last = -1;  // listed block range
+    const int64_t nkv = mask_->num_kv_blocks();
     for (int64_t qb = r0 / mask_->q_block_size; qb <= (r1 - 1) / mask_->q_block_size; ++qb) {
-      load_row(b, h, qb);
-      for (size_t kb = 0; kb < row_.size(); ++kb) {
-        if (row_[kb] == BlockState::kEmpty) continue;
-        lo = std::min<int64_t>(lo, static_cast<int64_t>(kb) * mask_->kv_block_size);
-        hi = std::max<int64_t>(hi, std::min<int64_t>(mask_->kv_len, (kb + 1) * mask_->kv_block_size));
+      const int64_t key = row_key(b, h, qb);
+      for (const auto& [num, indices] :
+           {std::pair{&mask_->kv_num_blocks, &mask_->kv_indices},
+            std::pair{&mask_->full_kv_num_blocks, &mask_->full_kv_indices}}) {
+        const int32_t* listed = indices->data<int32_t>() + key * nkv;
+        for (int32_t k = 0; k < num->data<int32_t>()[key]; ++k) {
+          first = std::min<int64_t>(first, listed[k]);
+          last = std::max<int64_t>(last, listed[k]);
+        }
       }
     }
-    return lo < hi ? std::pair<int64_t, int64_t>{lo, hi} : std::pair<int64_t, int64_t>{0, 0};
+    if (last < first) return {0, 0};
+    return {first * mask_->kv_block_size,
+            std::min(mask_->kv_len, (last + 1) * mask_->kv_block_size)};
   }
 
  private:
-  void load_row(int64_t b, int64_t h, int64_t qb) {
+  // Row of (b, h, q block qb) in the [B, H, num_q_blocks] lists (b, h broadcast at size 1).
+  int64_t row_key(int64_t b, int64_t h, int64_t qb) const {
     const int64_t bb = mask_->batch == 1 ? 0 : b, hh = mask_->num_heads == 1 ? 0 : h;
-    const int64_t nq = mask_->num_q_blocks(), nkv = mask_->num_kv_blocks();
-    const int64_t key = (bb * mask_->num_heads + hh) * nq + qb;
+    return (bb * mask_->num_heads + hh) * mask_->num_q_blocks() + qb;
+  }
+
+  void load_row(int64_t b, int64_t h, int64_t qb) {
+    const int64_t nkv = mask_->num_kv_blocks();
+    const int64_t key = row_key(b, h, qb);
     if (key == cached_) return;
     cached_ = key;
     row_.assign(static_cast<size_t>(nkv), BlockState::kEmpty);

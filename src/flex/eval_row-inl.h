@@ -1,8 +1,9 @@
-// Evaluation of a flex program over a row of keys kv0 .. kv0 + n - 1 of one
-// (b, h, q_idx): the instruction switch runs once per row, each instruction loops over
-// the lanes (auto-vectorized for the target; transcendentals through Highway), and
-// instructions that do not depend on the key or score run once per row as scalars.
-// Per-target code: include after foreach_target.h.
+// Evaluation of a flex program for the score rows of a kernel tile (row_buffers.h):
+// instructions that do not read score are evaluated once per chunk of kChunkRows query
+// rows x one key tile, each over its shape (scalar, per row, per key, per element) with
+// the instruction switch outside the lane loops; a score row then runs only the
+// instructions that read score. Lane loops are auto-vectorized for the target;
+// transcendentals go through Highway. Per-target code: include after foreach_target.h.
 
 #if defined(SDPA_FLEX_EVAL_ROW_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef SDPA_FLEX_EVAL_ROW_INL_H_
@@ -15,189 +16,484 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
+#include "core/element_access.h"
 #include "flex/row_buffers.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "sdpa/error.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sdpa::flex {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-/// dst[j] = f(src[j]) for a Highway math function; n padded to the vector width by the
-/// caller's buffers (RowBuffers lanes are a multiple of 16).
-template <class F>
-HWY_INLINE void MapFloat(const float* HWY_RESTRICT src, float* HWY_RESTRICT dst, int64_t n,
-                         F f) {
-  const hn::ScalableTag<float> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  for (int64_t j = 0; j < n; j += lanes) hn::StoreU(f(d, hn::LoadU(d, src + j)), d, dst + j);
-}
-
-/// An operand of a per-key instruction: its lanes, or one row-uniform value (no
-/// broadcast buffer is written; the compiler unswitches the loop on `uniform`).
+/// An operand as one evaluation sees it: element (r, j) is base[r * row_stride + j] when
+/// `lanes`, else base[r * row_stride] (one value per row: scalar and per-row operands).
 template <typename T>
-struct Operand {
-  const T* lanes;
-  T value;
-  bool uniform;
-  T operator[](int64_t j) const { return uniform ? value : lanes[j]; }
+struct View {
+  const T* base;
+  int64_t row_stride;
+  bool lanes;
 };
 
-/// out[j] = f(x[j], y[j]) with the uniform cases split into their own loops, so every
-/// loop vectorizes (a select on `uniform` inside the loop would not).
-template <typename T, typename R, typename F>
-HWY_INLINE void Binary(const Operand<T>& x, const Operand<T>& y, R* HWY_RESTRICT out,
-                       int64_t width, F f) {
-  if (x.uniform) {
-    for (int64_t j = 0; j < width; ++j) out[j] = f(x.value, y.lanes[j]);
-  } else if (y.uniform) {
-    for (int64_t j = 0; j < width; ++j) out[j] = f(x.lanes[j], y.value);
-  } else {
-    for (int64_t j = 0; j < width; ++j) out[j] = f(x.lanes[j], y.lanes[j]);
+/// One evaluation: `rows` rows of lanes [lo, hi), writing out + r * out_stride. `shape`
+/// is the shape being evaluated; `row` the chunk row of a kScore evaluation; `scores`
+/// its score lanes.
+struct Pass {
+  Shape shape;
+  int64_t rows, lo, hi, out_stride;
+  int64_t row;
+  const float* scores;
+};
+
+template <typename T>
+HWY_INLINE const T* Values(RowBuffers& buf, int32_t id);
+template <>
+HWY_INLINE const float* Values<float>(RowBuffers& buf, int32_t id) {
+  return buf.fvals(id);
+}
+template <>
+HWY_INLINE const int64_t* Values<int64_t>(RowBuffers& buf, int32_t id) {
+  return buf.ivals(id);
+}
+
+/// How instruction `id` (of any shape up to the pass's) reads in `pass`.
+template <typename T>
+HWY_INLINE View<T> ViewOf(RowBuffers& buf, int32_t id, const Pass& pass) {
+  const Shape s = buf.shape[id];
+  const T* base = Values<T>(buf, id);
+  if constexpr (std::is_same_v<T, float>) {
+    if (buf.program->code[id].op == Op::kScore) return {pass.scores, 0, true};
+  }
+  constexpr int64_t kLastRow = RowBuffers::kChunkRows - 1;
+  switch (pass.shape) {
+    case Shape::kFull:
+      if (s == Shape::kRow) return {base, 1, false};
+      if (s == Shape::kFull) return {base, buf.lanes, true};
+      if (s == Shape::kDiag) return {base + kLastRow, -1, true};  // (r, j): j - r + kLastRow
+      return {base, 0, s == Shape::kCol};
+    case Shape::kScore:
+      if (s == Shape::kRow) return {base + pass.row, 0, false};
+      if (s == Shape::kFull) return {base + pass.row * buf.lanes, 0, true};
+      if (s == Shape::kDiag) return {base + kLastRow - pass.row, 0, true};
+      return {base, 0, s != Shape::kScalar};
+    case Shape::kDiag:
+      // Diagonal u is read at row kLastRow, key lane u: a q_idx + c operand is its last
+      // row's value, a kv_idx + c operand its lane u (key lanes extend to diagonals()).
+      if (s == Shape::kRow) return {base + kLastRow, 0, false};
+      return {base, 0, s != Shape::kScalar};
+    default:  // scalar, row and column passes: operands are scalar or of the pass's shape
+      return {base, 0, s != Shape::kScalar};
   }
 }
 
-/// Runs the program for lanes j < n with kv_idx = kv0 + j and, for score_mods,
-/// score = scores[j]. Per-key instructions write their lanes (floats() or ints());
-/// row-uniform ones are evaluated once as scalars (buf.scalar.value()). Returns the
-/// result instruction.
-inline int32_t EvaluateRow(RowBuffers& buf, const float* scores, int64_t b, int64_t h,
-                           int64_t q_idx, int64_t kv0, int64_t n) {
-  const CompiledProgram& prog = *buf.program;
-  const int64_t width = buf.lanes;  // full padded width, so vector loops need no tail
-  buf.scalar.run_uniform(b, h, q_idx);
-  auto fop = [&](int32_t id) {
-    const bool u = prog.code[id].uniform;
-    return Operand<float>{buf.floats(id), u ? static_cast<float>(buf.scalar.value(id)) : 0.0f, u};
-  };
-  auto iop = [&](int32_t id) {
-    const bool u = prog.code[id].uniform;
-    return Operand<int64_t>{buf.ints(id), u ? static_cast<int64_t>(buf.scalar.value(id)) : 0, u};
-  };
-  for (size_t k = 0; k < prog.code.size(); ++k) {
-    const Instr& in = prog.code[k];
-    if (in.uniform) continue;
-    const auto id = static_cast<int32_t>(k);
-    float* fo = buf.floats(id);
-    int64_t* io = buf.ints(id);
-    const bool is_float = in.type == ValueType::kFloat;
-    // Operands of comparisons / where / min / max may be float or int.
-    const bool float_args = !in.args.empty() &&
-                            prog.code[in.args.back()].type == ValueType::kFloat;
-    switch (in.op) {
-      case Op::kScore:
-        for (int64_t j = 0; j < width; ++j) fo[j] = j < n ? scores[j] : 0.0f;
-        break;
-      case Op::kKvIdx:
-        for (int64_t j = 0; j < width; ++j) io[j] = kv0 + j;
-        break;
-      case Op::kRead: {
-        const Captured& c = (*buf.captured)[in.slot];
-        const Tensor& t = c.tensor();
-        const int64_t dims = static_cast<int64_t>(in.args.size());
-        for (int64_t j = 0; j < n; ++j) {
-          int64_t index[8];
-          for (int64_t d = 0; d < dims; ++d) {
-            index[d] = iop(in.args[d])[j];
-            if (index[d] < 0 || index[d] >= t.size(d)) {
-              throw_out_of_range(c, d, index[d], b, h, q_idx, kv0 + j);
-            }
+/// out(r, j) = f(x(r, j), y(r, j)), with the uniform operands split into their own loops
+/// so every loop vectorizes (a select on `lanes` inside the loop would not).
+template <typename T, typename R, typename F>
+HWY_INLINE void Map2(const View<T>& x, const View<T>& y, R* HWY_RESTRICT out, const Pass& p, F f) {
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const T* HWY_RESTRICT xp = x.base + r * x.row_stride;
+    const T* HWY_RESTRICT yp = y.base + r * y.row_stride;
+    R* HWY_RESTRICT o = out + r * p.out_stride;
+    if (x.lanes && y.lanes) {
+      for (int64_t j = p.lo; j < p.hi; ++j) o[j] = f(xp[j], yp[j]);
+    } else if (x.lanes) {
+      const T b = *yp;
+      for (int64_t j = p.lo; j < p.hi; ++j) o[j] = f(xp[j], b);
+    } else if (y.lanes) {
+      const T a = *xp;
+      for (int64_t j = p.lo; j < p.hi; ++j) o[j] = f(a, yp[j]);
+    } else {
+      const R v = f(*xp, *yp);
+      for (int64_t j = p.lo; j < p.hi; ++j) o[j] = v;
+    }
+  }
+}
+
+/// Lanes j.. of a one-row view as a vector.
+template <class D>
+HWY_INLINE hn::Vec<D> Lanes(D d, const View<float>& x, int64_t j) {
+  return x.lanes ? hn::LoadU(d, x.base + j) : hn::Set(d, *x.base);
+}
+
+/// s[j] = f(d, j) (a vector of lanes j..) for j in [lo, hi), in whole vectors where the
+/// range allows: the softmax then reloads the row as whole vectors, and a vector load
+/// spanning several narrower stores cannot take their data by store forwarding (it waits
+/// for them to reach the cache, which made the row's softmax visibly slower).
+/// (f may read s itself at lanes j..: s is not restrict.)
+template <class F>
+HWY_INLINE void StoreRow(float* s, int64_t lo, int64_t hi, F f) {
+  const hn::ScalableTag<float> d;
+  const hn::CappedTag<float, 1> d1;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+  int64_t j = lo;
+  for (; j < hi && j % n != 0; ++j) hn::StoreU(f(d1, j), d1, s + j);
+  for (; j + n <= hi; j += n) hn::StoreU(f(d, j), d, s + j);
+  for (; j < hi; ++j) hn::StoreU(f(d1, j), d1, s + j);
+}
+
+/// out(r, j) = f(d, x(r, j..), y(r, j..)) for float operands in Highway vectors (as Map2):
+/// whole-vector stores, so the next pass's whole-vector loads are store-forwarded.
+template <class F>
+HWY_INLINE void MapFloat2(const View<float>& x, const View<float>& y, float* HWY_RESTRICT out,
+                          const Pass& p, F f) {
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const View<float> xr{x.base + r * x.row_stride, 0, x.lanes};
+    const View<float> yr{y.base + r * y.row_stride, 0, y.lanes};
+    StoreRow(out + r * p.out_stride, p.lo, p.hi,
+             [&](auto d, int64_t j) { return f(d, Lanes(d, xr, j), Lanes(d, yr, j)); });
+  }
+}
+
+/// out(r, j) = f(x(r, j)) for element-wise integer or float operations.
+template <typename T, typename R, typename F>
+HWY_INLINE void Map1(const View<T>& x, R* HWY_RESTRICT out, const Pass& p, F f) {
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const T* HWY_RESTRICT xp = x.base + r * x.row_stride;
+    R* HWY_RESTRICT o = out + r * p.out_stride;
+    if (x.lanes) {
+      for (int64_t j = p.lo; j < p.hi; ++j) o[j] = f(xp[j]);
+    } else {
+      const R v = f(*xp);
+      for (int64_t j = p.lo; j < p.hi; ++j) o[j] = v;
+    }
+  }
+}
+
+/// out(r, j) = f(x(r, j)) for a Highway math function, over whole vectors covering
+/// [lo, hi) (buffers are padded; a tile row is a multiple of the vector width).
+template <class F>
+HWY_INLINE void MapFloat(const View<float>& x, float* HWY_RESTRICT out, const Pass& p, F f) {
+  const hn::ScalableTag<float> d;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t first = p.lo / n * n;
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* HWY_RESTRICT xp = x.base + r * x.row_stride;
+    float* HWY_RESTRICT o = out + r * p.out_stride;
+    if (x.lanes) {
+      for (int64_t j = first; j < p.hi; j += n) hn::StoreU(f(d, hn::LoadU(d, xp + j)), d, o + j);
+    } else {
+      const auto v = f(d, hn::Set(d, *xp));
+      for (int64_t j = first; j < p.hi; j += n) hn::StoreU(v, d, o + j);
+    }
+  }
+}
+
+/// tanh for float32 lanes (max error ~3 ulp, NaN propagates): an odd polynomial below
+/// |x| = 0.55 (coefficients fitted for this kernel by weighted least squares on Chebyshev
+/// nodes; <= 1.1 ulp there), (1 - e) / (1 + e) with e = exp(-2|x|) above, the division by a
+/// Newton-refined reciprocal. Cheaper than hn::Tanh (Expm1 and a full division), which
+/// dominated soft-capping score_mods.
+template <class D, class V>
+HWY_INLINE V FastTanh(D d, V x) {
+  const V a = hn::Abs(x);
+  const V a2 = hn::Mul(a, a);
+  V poly = hn::Set(d, -6.287600915043896e-3f);
+  poly = hn::MulAdd(poly, a2, hn::Set(d, 2.1082018617073817e-2f));
+  poly = hn::MulAdd(poly, a2, hn::Set(d, -5.3855110696803404e-2f));
+  poly = hn::MulAdd(poly, a2, hn::Set(d, 1.333261678740885e-1f));
+  poly = hn::MulAdd(poly, a2, hn::Set(d, -3.333331865002002e-1f));
+  const V small = hn::MulAdd(hn::Mul(a2, a), poly, a);
+  const auto is_small = hn::Lt(a, hn::Set(d, 0.55f));
+  // Soft-capped scores are mostly far below the cap: skip the exponential branch then.
+  if (hn::AllTrue(d, is_small)) return hn::CopySignToAbs(small, x);
+  const V one = hn::Set(d, 1.0f);
+  const V e = hn::Exp(d, hn::Mul(a, hn::Set(d, -2.0f)));  // in (0, 1]: no overflow
+  const V den = hn::Add(one, e);
+  V r = hn::ApproximateReciprocal(den);
+  r = hn::Mul(r, hn::NegMulAdd(den, r, hn::Set(d, 2.0f)));  // one Newton step
+  r = hn::Mul(r, hn::NegMulAdd(den, r, hn::Set(d, 2.0f)));  // 14 -> 28 -> full bits
+  const V big = hn::Mul(hn::Sub(one, e), r);
+  const V t = hn::IfThenElse(is_small, small, big);
+  return hn::IfThenElse(hn::IsNaN(x), x, hn::CopySignToAbs(t, x));
+}
+
+/// out(r, j) = x(r, j) / y(r, j). A divisor uniform over a row becomes a multiplication by
+/// its reciprocal (<= 1.5 ulp from the rounded quotient, as GPU compilers' default float
+/// division; a vector division per lane cost a soft-cap score_mod half its time), except
+/// when the reciprocal is not a normal float (0, inf, NaN or subnormal divisors).
+HWY_INLINE void Divide(RowBuffers& buf, int32_t id, const View<float>& x, const View<float>& y,
+                       float* HWY_RESTRICT out, const Pass& p) {
+  if (y.lanes) {
+    MapFloat2(x, y, out, p, [](auto, auto a, auto b) { return hn::Div(a, b); });
+    return;
+  }
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float divisor = y.base[r * y.row_stride];
+    // The divisor rarely changes between score rows (a constant, a per-head value): reuse
+    // its reciprocal instead of a scalar division on every row's critical path.
+    auto& [last_divisor, last_reciprocal] = buf.reciprocal[id];
+    if (!(divisor == last_divisor)) {
+      last_divisor = divisor;
+      last_reciprocal = 1.0f / divisor;
+    }
+    const float reciprocal = last_reciprocal;
+    const View<float> xr{x.base + r * x.row_stride, 0, x.lanes};
+    float* o = out + r * p.out_stride;
+    if (std::isnormal(reciprocal)) {
+      StoreRow(o, p.lo, p.hi,
+               [&](auto d, int64_t j) { return hn::Mul(Lanes(d, xr, j), hn::Set(d, reciprocal)); });
+    } else {
+      StoreRow(o, p.lo, p.hi,
+               [&](auto d, int64_t j) { return hn::Div(Lanes(d, xr, j), hn::Set(d, divisor)); });
+    }
+  }
+}
+
+/// Records that element (r, j) of a chunk pass failed (an out-of-range read or an integer
+/// division by zero); the element reads as 0 and is reported only if consumed.
+HWY_INLINE void MarkBad(RowBuffers& buf, const Pass& p, int64_t r, int64_t j) {
+  buf.any_bad = true;
+  switch (p.shape) {
+    case Shape::kScalar:
+      buf.bad_scalar = true;
+      break;
+    case Shape::kRow:
+      buf.bad_row[j] = 1;
+      break;
+    case Shape::kCol:
+      buf.bad_col[j] = 1;
+      break;
+    case Shape::kDiag:
+      buf.bad_diag[j] = 1;
+      break;
+    case Shape::kFull:
+      buf.bad_full[r * buf.lanes + j] = 1;
+      break;
+    case Shape::kScore:
+      break;  // never marked: score passes throw at once
+  }
+}
+
+/// The (q_idx, kv_idx) of element (r, j) of pass `p` in the chunk at (q0, kv0).
+HWY_INLINE std::pair<int64_t, int64_t> Position(const RowBuffers& buf, const Pass& p, int64_t r,
+                                                int64_t j) {
+  switch (p.shape) {
+    case Shape::kRow:
+      return {buf.chunk_q0 + j, buf.chunk_kv0};
+    case Shape::kCol:
+      return {buf.chunk_q0, buf.chunk_kv0 + j};
+    case Shape::kFull:
+      return {buf.chunk_q0 + r, buf.chunk_kv0 + j};
+    case Shape::kScore:
+      return {buf.chunk_q0 + p.row, buf.chunk_kv0 + j};
+    case Shape::kScalar:
+    case Shape::kDiag:
+      break;  // chunk passes record failures instead of reporting them
+  }
+  return {buf.chunk_q0, buf.chunk_kv0};
+}
+
+template <typename E, typename R>
+HWY_INLINE void LoadLanes(const void* data, const int64_t* HWY_RESTRICT offsets,
+                          const uint8_t* HWY_RESTRICT ok, R* HWY_RESTRICT out, int64_t lo,
+                          int64_t hi) {
+  const E* HWY_RESTRICT base = static_cast<const E*>(data);
+  for (int64_t j = lo; j < hi; ++j) out[j] = ok[j] ? static_cast<R>(base[offsets[j]]) : R(0);
+}
+
+/// Captured-tensor read: bounds-checks every index lane, then loads with the dtype switch
+/// outside the lane loop.
+template <typename R>
+HWY_INLINE void Read(RowBuffers& buf, const Instr& in, R* out, const Pass& p) {
+  const Captured& c = (*buf.captured)[in.slot];
+  const Tensor& t = c.tensor();
+  const int64_t dims = static_cast<int64_t>(in.args.size());
+  View<int64_t> index[8];
+  for (int64_t d = 0; d < dims; ++d) index[d] = ViewOf<int64_t>(buf, in.args[d], p);
+  // Lanes of one row: at most max(kMaxLanes, kChunkRows), checked by RowBuffers.
+  static_assert(RowBuffers::kChunkRows <= RowBuffers::kMaxLanes);
+  int64_t offsets[RowBuffers::kMaxLanes];
+  uint8_t ok[RowBuffers::kMaxLanes];
+  for (int64_t r = 0; r < p.rows; ++r) {
+    std::fill(offsets + p.lo, offsets + p.hi, int64_t{0});
+    std::fill(ok + p.lo, ok + p.hi, uint8_t{1});
+    for (int64_t d = 0; d < dims; ++d) {
+      const int64_t size = t.size(d), stride = t.stride(d);
+      const int64_t* HWY_RESTRICT ip = index[d].base + r * index[d].row_stride;
+      for (int64_t j = p.lo; j < p.hi; ++j) {
+        const int64_t v = index[d].lanes ? ip[j] : *ip;
+        const bool inside = v >= 0 && v < size;
+        if (!inside && ok[j]) {
+          if (p.shape == Shape::kScore) {
+            const auto [q, kv] = Position(buf, p, r, j);
+            throw_out_of_range(c, d, v, buf.chunk_b, buf.chunk_h, q, kv);
           }
-          const double v = read_captured(c, index);
-          if (is_float) {
-            fo[j] = static_cast<float>(v);
-          } else {
-            io[j] = static_cast<int64_t>(v);
-          }
+          MarkBad(buf, p, r, j);
         }
-        for (int64_t j = n; j < width; ++j) {
-          fo[j] = 0.0f;
-          io[j] = 0;
-        }
-        break;
+        ok[j] = ok[j] & static_cast<uint8_t>(inside);
+        offsets[j] += inside ? v * stride : 0;
       }
-#define SDPA_FLEX_BINARY(OP, EXPR)                                                        \
-  case OP:                                                                                \
-    if (is_float) {                                                                       \
-      Binary(fop(in.args[0]), fop(in.args[1]), fo, width, [](float a, float b) { return EXPR; }); \
-    } else {                                                                              \
-      Binary(iop(in.args[0]), iop(in.args[1]), io, width,                                 \
-             [](int64_t a, int64_t b) { return EXPR; });                                  \
-    }                                                                                     \
+    }
+    R* o = out + r * p.out_stride;
+    const void* data = t.data_ptr();
+    switch (t.dtype()) {
+      case DType::kFloat32:
+        LoadLanes<float>(data, offsets, ok, o, p.lo, p.hi);
+        break;
+      case DType::kFloat64:
+        LoadLanes<double>(data, offsets, ok, o, p.lo, p.hi);
+        break;
+      case DType::kInt32:
+        LoadLanes<int32_t>(data, offsets, ok, o, p.lo, p.hi);
+        break;
+      case DType::kInt64:
+        LoadLanes<int64_t>(data, offsets, ok, o, p.lo, p.hi);
+        break;
+      case DType::kBool:
+        LoadLanes<bool>(data, offsets, ok, o, p.lo, p.hi);
+        break;
+      case DType::kBFloat16:
+      case DType::kFloat16:
+        for (int64_t j = p.lo; j < p.hi; ++j) {
+          o[j] = ok[j] ? static_cast<R>(detail::load_element(data, t.dtype(), offsets[j])) : R(0);
+        }
+        break;
+    }
+  }
+}
+
+/// Integer floor division / modulo lanes; a zero divisor throws in score passes and is
+/// recorded (result 0) in chunk passes.
+template <bool kModulo>
+HWY_INLINE void IntDivide(RowBuffers& buf, const View<int64_t>& x, const View<int64_t>& y,
+                          int64_t* out, const Pass& p) {
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const int64_t* xp = x.base + r * x.row_stride;
+    const int64_t* yp = y.base + r * y.row_stride;
+    int64_t* o = out + r * p.out_stride;
+    for (int64_t j = p.lo; j < p.hi; ++j) {
+      const int64_t a = x.lanes ? xp[j] : *xp, b = y.lanes ? yp[j] : *yp;
+      if (b == 0) {
+        SDPA_CHECK(p.shape != Shape::kScore, "flex: integer division by zero");
+        MarkBad(buf, p, r, j);
+        o[j] = 0;
+        continue;
+      }
+      o[j] = kModulo ? floor_mod_int(a, b) : floor_div_int(a, b);
+    }
+  }
+}
+
+/// Evaluates instruction `k` in pass `p` into its own storage.
+HWY_INLINE void EvalInstr(RowBuffers& buf, int32_t k, const Pass& p) {
+  const CompiledProgram& prog = *buf.program;
+  const Instr& in = prog.code[k];
+  float* fo = buf.fvals(k);
+  int64_t* io = buf.ivals(k);
+  const bool is_float = in.type == ValueType::kFloat;
+  // Operands of comparisons / where / min / max may be float or int.
+  const bool float_args = !in.args.empty() && prog.code[in.args.back()].type == ValueType::kFloat;
+// Operand a's view (macros rather than lambdas: GCC did not inline the lambdas here).
+#define fv(a) ViewOf<float>(buf, in.args[a], p)
+#define iv(a) ViewOf<int64_t>(buf, in.args[a], p)
+  switch (in.op) {
+    case Op::kScore:
+      break;  // read in place from the pass's score lanes
+    case Op::kBatch:
+      *io = buf.chunk_b;
+      break;
+    case Op::kHead:
+      *io = buf.chunk_h;
+      break;
+    case Op::kConst:
+      if (is_float) {
+        *fo = static_cast<float>(in.constant);
+      } else {
+        *io = static_cast<int64_t>(in.constant);
+      }
+      break;
+    case Op::kQIdx:
+      for (int64_t r = 0; r < RowBuffers::kChunkRows; ++r) io[r] = buf.chunk_q0 + r;
+      break;
+    case Op::kKvIdx:
+      for (int64_t j = 0; j < buf.diagonals(); ++j) io[j] = buf.chunk_kv0 + j;
+      break;
+    case Op::kRead:
+      if (is_float) {
+        Read(buf, in, fo, p);
+      } else {
+        Read(buf, in, io, p);
+      }
+      break;
+#define SDPA_FLEX_ARITHMETIC(OP, EXPR, VECTOR_OP)                                           \
+  case OP:                                                                                  \
+    if (is_float) {                                                                         \
+      MapFloat2(fv(0), fv(1), fo, p, [](auto, auto a, auto b) { return VECTOR_OP(a, b); }); \
+    } else {                                                                                \
+      Map2(iv(0), iv(1), io, p, [](int64_t a, int64_t b) { return EXPR; });                 \
+    }                                                                                       \
     break;
-      SDPA_FLEX_BINARY(Op::kAdd, a + b)
-      SDPA_FLEX_BINARY(Op::kSub, a - b)
-      SDPA_FLEX_BINARY(Op::kMul, a * b)
+      SDPA_FLEX_ARITHMETIC(Op::kAdd, a + b, hn::Add)
+      SDPA_FLEX_ARITHMETIC(Op::kSub, a - b, hn::Sub)
+      SDPA_FLEX_ARITHMETIC(Op::kMul, a * b, hn::Mul)
+#undef SDPA_FLEX_ARITHMETIC
+#define SDPA_FLEX_BINARY(OP, EXPR)                                          \
+  case OP:                                                                  \
+    if (is_float) {                                                         \
+      Map2(fv(0), fv(1), fo, p, [](float a, float b) { return EXPR; });     \
+    } else {                                                                \
+      Map2(iv(0), iv(1), io, p, [](int64_t a, int64_t b) { return EXPR; }); \
+    }                                                                       \
+    break;
       SDPA_FLEX_BINARY(Op::kMin, a < b ? a : b)
       SDPA_FLEX_BINARY(Op::kMax, a > b ? a : b)
 #undef SDPA_FLEX_BINARY
-      case Op::kDiv:
-        Binary(fop(in.args[0]), fop(in.args[1]), fo, width, [](float a, float b) { return a / b; });
-        break;
-      case Op::kMod: {
-        const auto x = iop(in.args[0]);
-        const auto y = iop(in.args[1]);
-        for (int64_t j = 0; j < n; ++j) io[j] = floor_mod_int(x[j], y[j]);
-        break;
+    case Op::kDiv:
+      Divide(buf, k, fv(0), fv(1), fo, p);
+      break;
+    case Op::kMod:
+      IntDivide<true>(buf, iv(0), iv(1), io, p);
+      break;
+    case Op::kFloorDiv:
+      IntDivide<false>(buf, iv(0), iv(1), io, p);
+      break;
+    case Op::kNeg:
+      if (is_float) {
+        Map1(fv(0), fo, p, [](float a) { return -a; });
+      } else {
+        Map1(iv(0), io, p, [](int64_t a) { return -a; });
       }
-      case Op::kFloorDiv: {
-        const auto x = iop(in.args[0]);
-        const auto y = iop(in.args[1]);
-        for (int64_t j = 0; j < n; ++j) io[j] = floor_div_int(x[j], y[j]);
-        break;
+      break;
+    case Op::kAbs:
+      if (is_float) {
+        Map1(fv(0), fo, p, [](float a) { return std::fabs(a); });
+      } else {
+        Map1(iv(0), io, p, [](int64_t a) { return a < 0 ? -a : a; });
       }
-      case Op::kNeg:
-        if (is_float) {
-          const float* x = buf.floats(in.args[0]);
-          for (int64_t j = 0; j < width; ++j) fo[j] = -x[j];
-        } else {
-          const int64_t* x = buf.ints(in.args[0]);
-          for (int64_t j = 0; j < width; ++j) io[j] = -x[j];
-        }
-        break;
-      case Op::kAbs:
-        if (is_float) {
-          const float* x = buf.floats(in.args[0]);
-          for (int64_t j = 0; j < width; ++j) fo[j] = std::fabs(x[j]);
-        } else {
-          const int64_t* x = buf.ints(in.args[0]);
-          for (int64_t j = 0; j < width; ++j) io[j] = x[j] < 0 ? -x[j] : x[j];
-        }
-        break;
-      case Op::kExp:
-        MapFloat(buf.floats(in.args[0]), fo, width, [](auto d, auto v) { return hn::Exp(d, v); });
-        break;
-      case Op::kLog:
-        MapFloat(buf.floats(in.args[0]), fo, width, [](auto d, auto v) { return hn::Log(d, v); });
-        break;
-      case Op::kTanh:
-        MapFloat(buf.floats(in.args[0]), fo, width, [](auto d, auto v) { return hn::Tanh(d, v); });
-        break;
-      case Op::kSigmoid:
-        MapFloat(buf.floats(in.args[0]), fo, width, [](auto d, auto v) {
-          const auto one = hn::Set(d, 1.0f);
-          return hn::Div(one, hn::Add(one, hn::Exp(d, hn::Neg(v))));
-        });
-        break;
-      case Op::kSqrt:
-        MapFloat(buf.floats(in.args[0]), fo, width, [](auto, auto v) { return hn::Sqrt(v); });
-        break;
-      case Op::kToFloat: {
-        const int64_t* x = buf.ints(in.args[0]);
-        for (int64_t j = 0; j < width; ++j) fo[j] = static_cast<float>(x[j]);
-        break;
-      }
-#define SDPA_FLEX_COMPARE(OP, CMP)                                                       \
-  case OP:                                                                               \
-    if (float_args) {                                                                    \
-      Binary(fop(in.args[0]), fop(in.args[1]), io, width,                                \
-             [](float a, float b) { return static_cast<int64_t>(a CMP b); });            \
-    } else {                                                                             \
-      Binary(iop(in.args[0]), iop(in.args[1]), io, width,                                \
-             [](int64_t a, int64_t b) { return static_cast<int64_t>(a CMP b); });        \
-    }                                                                                    \
+      break;
+    case Op::kExp:
+      MapFloat(fv(0), fo, p, [](auto d, auto v) { return hn::Exp(d, v); });
+      break;
+    case Op::kLog:
+      MapFloat(fv(0), fo, p, [](auto d, auto v) { return hn::Log(d, v); });
+      break;
+    case Op::kTanh:
+      MapFloat(fv(0), fo, p, [](auto d, auto v) { return FastTanh(d, v); });
+      break;
+    case Op::kSigmoid:
+      MapFloat(fv(0), fo, p, [](auto d, auto v) {
+        const auto one = hn::Set(d, 1.0f);
+        return hn::Div(one, hn::Add(one, hn::Exp(d, hn::Neg(v))));
+      });
+      break;
+    case Op::kSqrt:
+      MapFloat(fv(0), fo, p, [](auto, auto v) { return hn::Sqrt(v); });
+      break;
+    case Op::kToFloat:
+      Map1(iv(0), fo, p, [](int64_t a) { return static_cast<float>(a); });
+      break;
+#define SDPA_FLEX_COMPARE(OP, CMP)                                                               \
+  case OP:                                                                                       \
+    if (float_args) {                                                                            \
+      Map2(fv(0), fv(1), io, p, [](float a, float b) { return static_cast<int64_t>(a CMP b); }); \
+    } else {                                                                                     \
+      Map2(iv(0), iv(1), io, p,                                                                  \
+           [](int64_t a, int64_t b) { return static_cast<int64_t>(a CMP b); });                  \
+    }                                                                                            \
     break;
       SDPA_FLEX_COMPARE(Op::kLt, <)
       SDPA_FLEX_COMPARE(Op::kLe, <=)
@@ -206,79 +502,182 @@ inline int32_t EvaluateRow(RowBuffers& buf, const float* scores, int64_t b, int6
       SDPA_FLEX_COMPARE(Op::kEq, ==)
       SDPA_FLEX_COMPARE(Op::kNe, !=)
 #undef SDPA_FLEX_COMPARE
-      case Op::kAnd:
-        Binary(iop(in.args[0]), iop(in.args[1]), io, width, [](int64_t a, int64_t b) { return a & b; });
-        break;
-      case Op::kOr:
-        Binary(iop(in.args[0]), iop(in.args[1]), io, width, [](int64_t a, int64_t b) { return a | b; });
-        break;
-      case Op::kNot: {
-        const int64_t* x = buf.ints(in.args[0]);
-        for (int64_t j = 0; j < width; ++j) io[j] = x[j] ^ 1;
-        break;
-      }
-      case Op::kWhere: {
-        const auto c = iop(in.args[0]);
-        if (is_float) {
-          const auto x = fop(in.args[1]);
-          const auto y = fop(in.args[2]);
-          for (int64_t j = 0; j < width; ++j) fo[j] = c[j] ? x[j] : y[j];
-        } else {
-          const auto x = iop(in.args[1]);
-          const auto y = iop(in.args[2]);
-          for (int64_t j = 0; j < width; ++j) io[j] = c[j] ? x[j] : y[j];
+    case Op::kAnd:
+      Map2(iv(0), iv(1), io, p, [](int64_t a, int64_t b) { return a & b; });
+      break;
+    case Op::kOr:
+      Map2(iv(0), iv(1), io, p, [](int64_t a, int64_t b) { return a | b; });
+      break;
+    case Op::kNot:
+      Map1(iv(0), io, p, [](int64_t a) { return a ^ 1; });
+      break;
+    case Op::kWhere: {
+      // The condition picks per element; both branches are evaluated (as the oracle does).
+      const View<int64_t> c = iv(0);
+      auto select = [&](auto x, auto y, auto* out) {
+        for (int64_t r = 0; r < p.rows; ++r) {
+          const int64_t* cp = c.base + r * c.row_stride;
+          const auto* xp = x.base + r * x.row_stride;
+          const auto* yp = y.base + r * y.row_stride;
+          auto* o = out + r * p.out_stride;
+          for (int64_t j = p.lo; j < p.hi; ++j) {
+            o[j] = (c.lanes ? cp[j] : *cp) ? (x.lanes ? xp[j] : *xp) : (y.lanes ? yp[j] : *yp);
+          }
         }
-        break;
+      };
+      if (is_float) {
+        select(fv(1), fv(2), fo);
+      } else {
+        select(iv(1), iv(2), io);
       }
-      case Op::kBatch:
-      case Op::kHead:
-      case Op::kQIdx:
-      case Op::kConst:
-        break;  // always uniform
+      break;
     }
   }
-  return prog.result;
+#undef fv
+#undef iv
 }
 
-/// Makes instruction `id`'s lanes valid after EvaluateRow (row-uniform instructions keep
-/// only a scalar until asked).
+/// The pass evaluating every instruction of shape `s` in a chunk.
+HWY_INLINE Pass ChunkPass(const RowBuffers& buf, Shape s) {
+  switch (s) {
+    case Shape::kRow:
+      return {s, 1, 0, RowBuffers::kChunkRows, 0, 0, nullptr};
+    case Shape::kCol:
+    case Shape::kDiag:
+      return {s, 1, 0, buf.diagonals(), 0, 0, nullptr};
+    case Shape::kFull:
+      return {s, RowBuffers::kChunkRows, 0, buf.lanes, buf.lanes, 0, nullptr};
+    default:
+      return {s, 1, 0, 1, 0, 0, nullptr};
+  }
+}
+
+/// Evaluates every instruction that does not read score for the chunk of query rows
+/// [q0, q0 + kChunkRows) and key tile [kv0, kv0 + lanes) of (b, h). Rows past q_len and
+/// keys past kv_len are evaluated too; failures there stay unreported (MarkBad).
+inline HWY_NOINLINE void EvaluateChunk(RowBuffers& buf, int64_t b, int64_t h, int64_t q0,
+                                       int64_t kv0) {
+  buf.chunk_b = b;
+  buf.chunk_h = h;
+  buf.chunk_q0 = q0;
+  buf.chunk_kv0 = kv0;
+  if (buf.any_bad) {
+    buf.any_bad = buf.bad_scalar = false;
+    std::fill(std::begin(buf.bad_row), std::end(buf.bad_row), uint8_t{0});
+    std::fill(buf.bad_col.begin(), buf.bad_col.end(), uint8_t{0});
+    std::fill(buf.bad_diag.begin(), buf.bad_diag.end(), uint8_t{0});
+    std::fill(buf.bad_full.begin(), buf.bad_full.end(), uint8_t{0});
+  }
+  for (int32_t k : buf.chunk_code) EvalInstr(buf, k, ChunkPass(buf, buf.shape[k]));
+}
+
+/// Makes the chunk containing query q_idx and the key tile at kv0 of (b, h) current
+/// (evaluated once, then reused by the chunk's other rows); returns q_idx's chunk row.
+HWY_INLINE int64_t PrepareChunk(RowBuffers& buf, int64_t b, int64_t h, int64_t q_idx, int64_t kv0) {
+  const int64_t q0 = q_idx - q_idx % RowBuffers::kChunkRows;
+  if (b != buf.chunk_b || h != buf.chunk_h || q0 != buf.chunk_q0 || kv0 != buf.chunk_kv0) {
+    EvaluateChunk(buf, b, h, q0, kv0);
+  }
+  return q_idx - q0;
+}
+
+/// Whether element (row, j) for some j in [lo, hi) failed in the chunk pass.
+HWY_INLINE bool RowHasBad(const RowBuffers& buf, int64_t row, int64_t lo, int64_t hi) {
+  if (!buf.any_bad || lo >= hi) return false;
+  if (buf.bad_scalar || buf.bad_row[row]) return true;
+  const uint8_t* full = buf.bad_full.data() + row * buf.lanes;
+  const uint8_t* diag = buf.bad_diag.data() + RowBuffers::kChunkRows - 1 - row;
+  for (int64_t j = lo; j < hi; ++j) {
+    if (buf.bad_col[j] | full[j] | diag[j]) return true;
+  }
+  return false;
+}
+
+/// Reports the failure of a consumed element of row `row` (RowHasBad): the float64 oracle
+/// re-evaluates the elements of [lo, hi) and throws the same error the element raises
+/// there (naming the tensor, index and position).
+[[noreturn]] inline void ReportBadRow(RowBuffers& buf, const float* scores, int64_t row, int64_t lo,
+                                      int64_t hi) {
+  for (int64_t j = lo; j < hi; ++j) {
+    buf.scalar.run(scores ? scores[j] : 0.0, buf.chunk_b, buf.chunk_h, buf.chunk_q0 + row,
+                   buf.chunk_kv0 + j);
+  }
+  detail::throw_error("flex: internal error: a failed element of row ", buf.chunk_q0 + row,
+                      " evaluates without error in the reference");
+}
+
+/// Runs the score-reading instructions for chunk row `row` over lanes [lo, hi) of
+/// `scores` (the tile row), after PrepareChunk. Throws for a consumed failed element.
+inline HWY_NOINLINE void EvaluateScoreRow(RowBuffers& buf, int64_t row, const float* scores,
+                                          int64_t lo, int64_t hi) {
+  if (RowHasBad(buf, row, lo, hi)) ReportBadRow(buf, scores, row, lo, hi);
+  const Pass pass{Shape::kScore, 1, lo, hi, 0, row, scores};
+  for (int32_t k : buf.score_code) EvalInstr(buf, k, pass);
+}
+
+/// Evaluates the program for query q_idx of (b, h) and keys kv0 + j, j < n, with score =
+/// scores[j] (kv0 the start of a key tile; `scores` the tile row). Returns the result
+/// instruction; MaterializeLanes then gives an instruction's lanes.
+inline int32_t EvaluateRow(RowBuffers& buf, const float* scores, int64_t b, int64_t h,
+                           int64_t q_idx, int64_t kv0, int64_t n) {
+  const int64_t row = PrepareChunk(buf, b, h, q_idx, kv0);
+  EvaluateScoreRow(buf, row, scores, 0, n);
+  buf.last_row = row;
+  buf.last_scores = scores;
+  return buf.program->result;
+}
+
+/// Makes floats(id) / ints(id) hold instruction id's lanes for the last EvaluateRow.
 inline void MaterializeLanes(RowBuffers& buf, int32_t id) {
-  const Instr& in = buf.program->code[id];
-  if (!in.uniform) return;
-  const double v = buf.scalar.value(id);
-  if (in.type == ValueType::kFloat) {
-    std::fill(buf.floats(id), buf.floats(id) + buf.lanes, static_cast<float>(v));
+  const Pass pass{Shape::kScore, 1, 0, buf.lanes, 0, buf.last_row, buf.last_scores};
+  if (buf.program->code[id].type == ValueType::kFloat) {
+    Map1(ViewOf<float>(buf, id, pass), buf.floats(id), pass, [](float a) { return a; });
   } else {
-    std::fill(buf.ints(id), buf.ints(id) + buf.lanes, static_cast<int64_t>(v));
+    Map1(ViewOf<int64_t>(buf, id, pass), buf.ints(id), pass, [](int64_t a) { return a; });
   }
 }
 
-/// Replaces s[j] (j < n) by score_mod(s[j]) for keys kv0 + j of row (b, h, q_idx).
-inline void ApplyScoreMod(RowBuffers& buf, float* s, int64_t b, int64_t h, int64_t q_idx,
-                          int64_t kv0, int64_t n) {
-  const int32_t r = EvaluateRow(buf, s, b, h, q_idx, kv0, n);
-  if (buf.program->code[r].uniform) {
-    const float v = static_cast<float>(buf.scalar.value(r));
-    for (int64_t j = 0; j < n; ++j) s[j] = v;
-    return;
-  }
-  const float* out = buf.floats(r);
-  for (int64_t j = 0; j < n; ++j) s[j] = out[j];
-}
-
-/// Sets s[j] = -inf where mask_mod is false, for keys kv0 + j (j < n).
-inline void ApplyMaskMod(RowBuffers& buf, float* s, int64_t b, int64_t h, int64_t q_idx,
-                         int64_t kv0, int64_t n) {
-  const int32_t r = EvaluateRow(buf, s, b, h, q_idx, kv0, n);
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  if (buf.program->code[r].uniform) {
-    if (buf.scalar.value(r) == 0.0) {
-      for (int64_t j = 0; j < n; ++j) s[j] = kNegInf;
+/// Replaces s[j] by score_mod(s[j]) for j in [lo, hi), where s is the score row of query
+/// q_idx of (b, h) over the key tile starting at kv0.
+HWY_INLINE void ApplyScoreMod(RowBuffers& buf, float* s, int64_t b, int64_t h, int64_t q_idx,
+                              int64_t kv0, int64_t lo, int64_t hi) {
+  const int64_t row = PrepareChunk(buf, b, h, q_idx, kv0);
+  const Pass pass{Shape::kScore, 1, lo, hi, 0, row, s};
+  if (buf.bias >= 0) {  // score +/- X: no score instruction runs
+    if (RowHasBad(buf, row, lo, hi)) ReportBadRow(buf, s, row, lo, hi);
+    const View<float> x = ViewOf<float>(buf, buf.bias, pass);
+    if (buf.bias_subtracted) {
+      StoreRow(s, lo, hi,
+               [&](auto d, int64_t j) { return hn::Sub(hn::LoadU(d, s + j), Lanes(d, x, j)); });
+    } else {
+      StoreRow(s, lo, hi,
+               [&](auto d, int64_t j) { return hn::Add(hn::LoadU(d, s + j), Lanes(d, x, j)); });
     }
     return;
   }
-  const int64_t* keep = buf.ints(r);
-  for (int64_t j = 0; j < n; ++j) s[j] = keep[j] ? s[j] : kNegInf;
+  EvaluateScoreRow(buf, row, s, lo, hi);
+  const View<float> result = ViewOf<float>(buf, buf.program->result, pass);
+  if (result.base == s) return;  // score_mod(score) = score
+  StoreRow(s, lo, hi, [&](auto d, int64_t j) { return Lanes(d, result, j); });
+}
+
+/// Sets s[j] = -inf for j in [lo, hi) where mask_mod is false (s as in ApplyScoreMod).
+HWY_INLINE void ApplyMaskMod(RowBuffers& buf, float* HWY_RESTRICT s, int64_t b, int64_t h,
+                             int64_t q_idx, int64_t kv0, int64_t lo, int64_t hi) {
+  const int64_t row = PrepareChunk(buf, b, h, q_idx, kv0);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  if (buf.score_code.empty()) {
+    if (RowHasBad(buf, row, lo, hi)) ReportBadRow(buf, s, row, lo, hi);
+  } else {
+    EvaluateScoreRow(buf, row, s, lo, hi);
+  }
+  const View<int64_t> keep =
+      ViewOf<int64_t>(buf, buf.program->result, Pass{Shape::kScore, 1, lo, hi, 0, row, s});
+  if (!keep.lanes) {
+    if (*keep.base == 0) std::fill(s + lo, s + hi, kNegInf);
+    return;
+  }
+  for (int64_t j = lo; j < hi; ++j) s[j] = keep.base[j] ? s[j] : kNegInf;
 }
 
 }  // namespace HWY_NAMESPACE

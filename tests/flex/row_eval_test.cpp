@@ -1,0 +1,168 @@
+// The FLASH row evaluator (src/flex/eval_row-inl.h, row_buffers.h): instructions are
+// evaluated per shape (scalar, per query row, per key, per diagonal kv_idx - q_idx, per
+// element, per score row) over chunks of 16 query rows x one key tile. Checks every shape
+// and their mixes against the float64 oracle on every SIMD target, with lengths that are
+// not multiples of the chunk or tile; that failures (out-of-range reads, integer division
+// by zero) at elements a chunk covers but no mask keeps are not reported, and that those
+// at kept elements are, naming the position.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "flex_test_util.h"
+
+namespace flex_test {
+namespace {
+
+using sdpa::SDPAOptions;
+using sdpa::SDPBackend;
+using sdpa::flex::Captured;
+using sdpa::flex::Expr;
+using sdpa::flex::Program;
+using sdpa::flex::ScoreMod;
+
+struct Case {
+  std::string name;
+  ScoreMod mod;
+};
+
+// Forward on FLASH (each capability) and MATH float32 against the float64 reference that
+// applies the program's own float64 evaluation (Program::evaluate) to every kept element.
+void check_against_oracle(const Program& sm, const SDPAOptions& opts, int64_t L, int64_t S) {
+  const int64_t B = 1, H = 2, E = 16;
+  const Tensor q = randn({B, H, L, E}, DType::kFloat32, 11, 1.5);
+  const Tensor k = randn({B, H, S, E}, DType::kFloat32, 12, 1.5);
+  const Tensor v = randn({B, H, S, E}, DType::kFloat32, 13);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(E));
+  RefMods m;
+  const bool causal = opts.is_causal;
+  // The oracle runs only at kept elements (as MATH does): masked ones may fail.
+  m.score = [sm, causal](double s, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return causal && j > i ? s : sm.evaluate(s, b, h, i, j);
+  };
+  if (causal) m.keep = [](int64_t, int64_t, int64_t i, int64_t j) { return j <= i; };
+  const RefForward gold = reference_forward(q, k, v, scale, m);
+  double naive = 0.0;
+  {
+    sdpa::sdpa_kernel guard(SDPBackend::MATH);
+    naive = max_abs_diff(sdpa::flex_attention(q, k, v, sm, nullptr, opts).out, gold.out);
+  }
+  for (const std::string& cap : attainable_capabilities()) {
+    SCOPED_TRACE("capability " + cap);
+    CapabilityGuard cg(cap);
+    sdpa::sdpa_kernel guard(SDPBackend::FLASH_ATTENTION);
+    const auto r = sdpa::flex_attention(q, k, v, sm, nullptr, opts);
+    EXPECT_TRUE(
+        all_close(r.out, gold.out, tolerance(DType::kFloat32, naive, kFudgeOut), "FLASH out"));
+  }
+}
+
+TEST(FlexRowEval, EveryShapeMatchesTheOracle) {
+  const int64_t H = 2, L = 37, S = 150;  // 3 chunks (the last partial) x 3 tiles (partial)
+  const Captured slopes("slopes", float_tensor({0.5f, 0.125f}));
+  std::vector<float> rel(static_cast<size_t>(H * (L + S)));
+  for (size_t n = 0; n < rel.size(); ++n) rel[n] = std::sin(0.37f * static_cast<float>(n));
+  Tensor rel_t = Tensor::empty({H, L + S}, DType::kFloat32);
+  std::copy(rel.begin(), rel.end(), rel_t.data<float>());
+  const Captured table("rel_table", rel_t);
+  std::vector<int64_t> ids(S);
+  for (int64_t j = 0; j < S; ++j) ids[j] = (j * 7) % 5;
+  const Captured doc("doc", int_tensor(ids));
+  const std::vector<Case> cases = {
+      // Diagonal through abs and a scalar product: score - X.
+      {"alibi", [&](const Expr& s, const Expr&, const Expr& h, const Expr& q,
+                    const Expr& kv) { return s - slopes[h] * sdpa::flex::abs(q - kv); }},
+      // kv - q as a read index (diagonal read), X + score.
+      {"relative table", [&](const Expr& s, const Expr&, const Expr& h, const Expr& q,
+                             const Expr& kv) { return table[h][kv - q + Expr(L - 1)] + s; }},
+      // Comparison of q_idx - c with kv_idx + c (diagonal) choosing per score lane.
+      {"affine comparison",
+       [](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr& kv) {
+         return sdpa::flex::where(kv + Expr(1) <= q - Expr(2), s, s * 0.5);
+       }},
+      // Per row, per key and per element (row x key) terms.
+      {"row, key and element",
+       [&](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr& kv) {
+         return s * sdpa::flex::to_float(q % Expr(3) + Expr(1)) +
+                sdpa::flex::to_float(doc[kv]) * 0.25 + sdpa::flex::to_float(q * kv % Expr(7)) * 0.1;
+       }},
+      // A diagonal combined with a row value: per element.
+      {"diagonal x row",
+       [](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr& kv) {
+         return s + sdpa::flex::to_float((q - kv) * q) * 0.001;
+       }},
+      // tanh on both sides of its polynomial / exponential split (|3 s| spans 0 to ~15).
+      {"tanh", [](const Expr& s, const Expr&, const Expr&, const Expr&,
+                  const Expr&) { return sdpa::flex::tanh(s * 3.0) * 2.0; }},
+      // Division by a per-row divisor (a reciprocal) and by per-key lanes.
+      {"divisions",
+       [](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr& kv) {
+         return s / sdpa::flex::to_float(q + Expr(1)) + s / (sdpa::flex::to_float(kv) + 0.5);
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Program sm = Program::from_score_mod(c.mod);
+    check_against_oracle(sm, {}, L, S);
+    SDPAOptions causal;
+    causal.is_causal = true;
+    check_against_oracle(sm, causal, L, S);
+  }
+}
+
+// Chunks cover rows past q_len, keys past kv_len and keys the band masks: a read out of
+// range or a division by zero there must not raise (MATH never evaluates those elements).
+TEST(FlexRowEval, FailuresAtMaskedElementsAreNotReported) {
+  const int64_t L = 37, S = 37;
+  // Valid for q_idx >= kv_idx only; rows 37..47 of the last chunk read past the table too.
+  const Captured causal_table("causal_table", randn({L}, DType::kFloat32, 21));
+  const Program read =
+      Program::from_score_mod([&](const Expr& s, const Expr&, const Expr&, const Expr& q,
+                                  const Expr& kv) { return s + causal_table[q - kv]; });
+  // kv_idx - q_idx - 1 is 0 only just above the diagonal (kv_idx = q_idx + 1).
+  const Program divide = Program::from_score_mod(
+      [](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr& kv) {
+        return s + sdpa::flex::to_float(sdpa::flex::floor_div(Expr(7), kv - q - Expr(1)));
+      });
+  SDPAOptions causal;
+  causal.is_causal = true;
+  for (const Program* sm : {&read, &divide}) {
+    check_against_oracle(*sm, causal, L, S);
+  }
+}
+
+TEST(FlexRowEval, FailuresAtKeptElementsAreReported) {
+  const int64_t B = 1, H = 1, L = 37, S = 41, E = 8;
+  const Tensor q = randn({B, H, L, E}, DType::kFloat32, 31),
+               k = randn({B, H, S, E}, DType::kFloat32, 32);
+  const Tensor v = randn({B, H, S, E}, DType::kFloat32, 33);
+  // q_idx - kv_idx + 40 spans [0, 76]: with a table of 76 the only bad element is
+  // (q_idx, kv_idx) = (36, 0) (rows 37..47 of the last chunk, past L, read further out).
+  const Captured diag_table("diag_table", randn({76}, DType::kFloat32, 34));
+  const Program read =
+      Program::from_score_mod([&](const Expr& s, const Expr&, const Expr&, const Expr& qi,
+                                  const Expr& kv) { return s + diag_table[qi - kv + Expr(40)]; });
+  const Program divide = Program::from_score_mod(
+      [](const Expr& s, const Expr&, const Expr&, const Expr& qi, const Expr& kv) {
+        return s + sdpa::flex::to_float(sdpa::flex::floor_div(Expr(7), kv - qi - Expr(1)));
+      });
+  for (const std::string& cap : attainable_capabilities()) {
+    SCOPED_TRACE("capability " + cap);
+    CapabilityGuard cg(cap);
+    for (SDPBackend backend : {SDPBackend::FLASH_ATTENTION, SDPBackend::MATH}) {
+      SCOPED_TRACE(std::string(sdpa::backend_name(backend)));
+      sdpa::sdpa_kernel guard(backend);
+      EXPECT_TRUE(
+          throws_error_containing([&] { sdpa::flex_attention(q, k, v, read); },
+                                  {"diag_table", "index 76", "size 76", "q_idx=36", "kv_idx=0"}));
+      EXPECT_TRUE(throws_error_containing([&] { sdpa::flex_attention(q, k, v, divide); },
+                                          {"integer division by zero"}));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flex_test
