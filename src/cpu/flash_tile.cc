@@ -63,19 +63,32 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
   const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
   for (int64_t j0 = tiles.first; j0 < tiles.end; j0 += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, S - j0);
-    const PackedKv::Tile t =
-        kv.tile(p, b, h / p.group_size(), j0 / kBlockKv, generation, ws.row);
+    const bool needs_mask = TileNeedsMask(p, &ws.flex, ws.row_keys, rows, j0);
+
+    // The rows' keys in this tile; a BlockMask narrows them to its kept keys' hull.
+    ColumnRange keys[kBlockQ];
+    bool blocks_applied[kBlockQ] = {};
+    std::copy(ws.row_keys, ws.row_keys + rows, keys);
+    bool any_key = true;
+    if (ws.flex.blocks.active()) {
+      any_key = false;
+      for (int64_t r = 0; r < rows; ++r) {
+        blocks_applied[r] = FlexRowSupport(ws.flex, b, h, q_begin + r, j0, cols, keys[r]);
+        any_key = any_key || !keys[r].empty();
+      }
+    }
+    if (!any_key) continue;  // nothing kept: the tile changes no row
+    const PackedKv::Tile t = kv.tile(p, b, h / p.group_size(), j0 / kBlockKv, generation, ws.row);
 
     // A tile some row does not fully see is computed only over the rows' supports (the
     // rest is masked to -inf below and contributes exact zeros to P.v).
-    const bool needs_mask = TileNeedsMask(p, &ws.flex, ws.row_keys, rows, j0);
     int64_t begin[kBlockQ], end[kBlockQ];
     const RowSupport support{begin, end};
     bool trimmed = false;  // some row does not see the whole tile
     if (needs_mask && !bf16) {
       for (int64_t r = 0; r < rows; ++r) {
-        begin[r] = std::clamp<int64_t>(ws.row_keys[r].begin - j0, 0, cols);
-        end[r] = std::clamp<int64_t>(ws.row_keys[r].end - j0, begin[r], cols);
+        begin[r] = std::clamp<int64_t>(keys[r].begin - j0, 0, cols);
+        end[r] = std::clamp<int64_t>(keys[r].end - j0, begin[r], cols);
         trimmed = trimmed || begin[r] > 0 || end[r] < cols;
       }
     }
@@ -93,7 +106,9 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = q_begin + r;
       float* s = ws.scores + r * kBlockKv;
-      if (needs_mask) MaskScoreRow(p, dense, &ws.flex, b, h, i, ws.row_keys[r], j0, cols, s);
+      if (needs_mask) {
+        MaskScoreRow(p, dense, &ws.flex, b, h, i, keys[r], j0, cols, s, nullptr, blocks_applied[r]);
+      }
       const float alpha = trimmed
                               ? SoftmaxRowUpdate(s, begin[r], end[r], ws.row_max[r], ws.row_sum[r])
                               : SoftmaxRowUpdate(s, 0, kBlockKv, ws.row_max[r], ws.row_sum[r]);
@@ -146,12 +161,15 @@ namespace sdpa::cpu {
 FlashQBlockFn flash_q_block_for(Capability capability) {
   switch (capability) {
 #if HWY_TARGETS & HWY_AVX3
-    case Capability::kAVX512: return &N_AVX3::FlashQBlock;
+    case Capability::kAVX512:
+      return &N_AVX3::FlashQBlock;
 #endif
 #if HWY_TARGETS & HWY_AVX2
-    case Capability::kAVX2: return &N_AVX2::FlashQBlock;
+    case Capability::kAVX2:
+      return &N_AVX2::FlashQBlock;
 #endif
-    default: break;
+    default:
+      break;
   }
 #if HWY_TARGETS & HWY_EMU128
   return &N_EMU128::FlashQBlock;

@@ -31,12 +31,15 @@ inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 /// Keys outside row_columns (band, document, padding) or past kv_len become -inf by
 /// filling the row's ends (never per element); the dense bool mask and the BlockMask's
 /// partial blocks (mask_mod over SIMD lanes) then mask within; full blocks skip mask_mod.
-/// `keep` is row_columns() of row i; `mod_input`, when non-null, receives the row as
-/// score_mod sees it (for the backward).
+/// `keep` is row_columns() of row i, or FlexRowSupport's narrowing of it; `mod_input`, when
+/// non-null, receives the row as score_mod sees it (for the backward); `blocks_applied`:
+/// `keep` is exactly the BlockMask's kept keys of this tile (FlexRowSupport returned true),
+/// so the blocks need no masking here.
 HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dense,
                              flex::RowState* flex_state, int64_t b, int64_t h, int64_t i,
                              const ColumnRange& keep, int64_t j0, int64_t cols,
-                             float* HWY_RESTRICT s, float* HWY_RESTRICT mod_input = nullptr) {
+                             float* HWY_RESTRICT s, float* HWY_RESTRICT mod_input = nullptr,
+                             bool blocks_applied = false) {
   const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
   const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
   if (dense.additive()) dense.apply(i, j0 + lo, hi - lo, s + lo);
@@ -58,7 +61,7 @@ HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dens
   std::fill(s, s + lo, kNegInf);
   std::fill(s + hi, s + kBlockKv, kNegInf);
   if (dense.keep_mask()) dense.apply(i, j0 + lo, hi - lo, s + lo);
-  if (flex_state && flex_state->blocks.active()) {
+  if (flex_state && flex_state->blocks.active() && !blocks_applied) {
     const int64_t bs = flex_state->blocks.kv_block_size();
     for (int64_t j = lo; j < hi;) {  // one segment per BlockMask block
       const int64_t kb = (j0 + j) / bs;
@@ -72,6 +75,38 @@ HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dens
       j = end;
     }
   }
+}
+
+/// Narrows `keep` (row i's keys, absolute columns) to the hull of the keys the BlockMask
+/// keeps in key tile [j0, j0 + cols): empty blocks drop out, full blocks (and partial ones
+/// without a mask_mod) count whole, partial blocks count mask_mod's kept lanes. Returns
+/// whether every key of the hull is kept, so that the kernel computes and masks only the
+/// row's support, as for a native band (causal, window and document masks give intervals).
+HWY_INLINE bool FlexRowSupport(flex::RowState& flex_state, int64_t b, int64_t h, int64_t i,
+                               int64_t j0, int64_t cols, ColumnRange& keep) {
+  const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
+  const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
+  const int64_t bs = flex_state.blocks.kv_block_size();
+  int64_t first = hi, last = -1, count = 0;
+  for (int64_t j = lo; j < hi;) {  // one segment per BlockMask block
+    const int64_t kb = (j0 + j) / bs;
+    const int64_t end = std::min(hi, (kb + 1) * bs - j0);
+    const flex::BlockState st = flex_state.blocks.state(b, h, i, kb);
+    flex::HWY_NAMESPACE::KeptLanes kept{j, end - 1, end - j};
+    if (st == flex::BlockState::kEmpty) {
+      kept = {};
+    } else if (st == flex::BlockState::kPartial && flex_state.mask_mod) {
+      kept = flex::HWY_NAMESPACE::CountKeptLanes(*flex_state.mask_mod, b, h, i, j0, j, end);
+    }
+    if (kept.count > 0) {
+      first = std::min(first, kept.first);
+      last = kept.last;
+      count += kept.count;
+    }
+    j = end;
+  }
+  keep = count > 0 ? ColumnRange{j0 + first, j0 + last + 1} : ColumnRange{j0, j0};
+  return count == 0 || count == last - first + 1;
 }
 
 /// Whether rows with key ranges `ranges[0, rows)` need MaskScoreRow on key tile

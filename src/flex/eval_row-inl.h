@@ -13,6 +13,7 @@
 #endif
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -659,6 +660,44 @@ HWY_INLINE void ApplyScoreMod(RowBuffers& buf, float* s, int64_t b, int64_t h, i
   const View<float> result = ViewOf<float>(buf, buf.program->result, pass);
   if (result.base == s) return;  // score_mod(score) = score
   StoreRow(s, lo, hi, [&](auto d, int64_t j) { return Lanes(d, result, j); });
+}
+
+/// Which lanes of [lo, hi) a mask_mod keeps: the first and last kept lane and how many are
+/// kept (count 0: none; then first and last are meaningless).
+struct KeptLanes {
+  int64_t first = 0, last = -1, count = 0;
+};
+
+/// Kept lanes of mask_mod (a program that does not read score) for query q_idx of (b, h)
+/// over lanes [lo, hi) of the key tile starting at kv0. Throws, as ApplyMaskMod, for a
+/// failed element of [lo, hi).
+HWY_INLINE KeptLanes CountKeptLanes(RowBuffers& buf, int64_t b, int64_t h, int64_t q_idx,
+                                    int64_t kv0, int64_t lo, int64_t hi) {
+  SDPA_CHECK(buf.score_code.empty(), "flex: internal error: a mask_mod reads score");
+  const int64_t row = PrepareChunk(buf, b, h, q_idx, kv0);
+  if (RowHasBad(buf, row, lo, hi)) ReportBadRow(buf, nullptr, row, lo, hi);
+  const View<int64_t> keep =
+      ViewOf<int64_t>(buf, buf.program->result, Pass{Shape::kScore, 1, lo, hi, 0, row, nullptr});
+  if (!keep.lanes) return *keep.base != 0 ? KeptLanes{lo, hi - 1, hi - lo} : KeptLanes{};
+  // 64 lanes at a time as a bit set (lanes past hi are read from the padded buffers and
+  // cleared), so first / last / count are bit scans rather than a loop over lanes.
+  const hn::ScalableTag<int64_t> d;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+  KeptLanes kept{hi, -1, 0};
+  for (int64_t w = lo; w < hi; w += 64) {
+    uint64_t bits = 0;
+    for (int64_t j = w; j < std::min(hi, w + 64); j += n) {
+      uint8_t mask_bytes[8] = {};
+      hn::StoreMaskBits(d, hn::Ne(hn::LoadU(d, keep.base + j), hn::Zero(d)), mask_bytes);
+      bits |= static_cast<uint64_t>(mask_bytes[0]) << (j - w);  // n <= 8 lanes of int64
+    }
+    if (hi - w < 64) bits &= (uint64_t{1} << (hi - w)) - 1;
+    if (bits == 0) continue;
+    kept.first = std::min(kept.first, w + std::countr_zero(bits));
+    kept.last = w + 63 - std::countl_zero(bits);
+    kept.count += std::popcount(bits);
+  }
+  return kept.count > 0 ? kept : KeptLanes{};
 }
 
 /// Sets s[j] = -inf for j in [lo, hi) where mask_mod is false (s as in ApplyScoreMod).
