@@ -103,11 +103,16 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
       Gemm(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, false);
     }
 
+    const bool tile_score_mod = needs_mask && ws.flex.score_mod.has_value();
+    if (tile_score_mod) {
+      ScoreModTile(p, dense, ws.flex, b, h, q_begin, rows, keys, j0, cols, ws.scores);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = q_begin + r;
       float* s = ws.scores + r * kBlockKv;
       if (needs_mask) {
-        MaskScoreRow(p, dense, &ws.flex, b, h, i, keys[r], j0, cols, s, nullptr, blocks_applied[r]);
+        MaskScoreRow(p, dense, &ws.flex, b, h, i, keys[r], j0, cols, s, nullptr,
+                     {tile_score_mod, blocks_applied[r]});
       }
       const float alpha = trimmed
                               ? SoftmaxRowUpdate(s, begin[r], end[r], ws.row_max[r], ws.row_sum[r])

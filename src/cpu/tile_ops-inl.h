@@ -26,26 +26,15 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-/// Masks score row s[0, kBlockKv) = columns [j0, j0 + kBlockKv) of query row i of
-/// (b, h), in this order: additive terms (dense float mask, ALiBi), flex score_mod, masks.
-/// Keys outside row_columns (band, document, padding) or past kv_len become -inf by
-/// filling the row's ends (never per element); the dense bool mask and the BlockMask's
-/// partial blocks (mask_mod over SIMD lanes) then mask within; full blocks skip mask_mod.
-/// `keep` is row_columns() of row i, or FlexRowSupport's narrowing of it; `mod_input`, when
-/// non-null, receives the row as score_mod sees it (for the backward); `blocks_applied`:
-/// `keep` is exactly the BlockMask's kept keys of this tile (FlexRowSupport returned true),
-/// so the blocks need no masking here.
-HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dense,
-                             flex::RowState* flex_state, int64_t b, int64_t h, int64_t i,
-                             const ColumnRange& keep, int64_t j0, int64_t cols,
-                             float* HWY_RESTRICT s, float* HWY_RESTRICT mod_input = nullptr,
-                             bool blocks_applied = false) {
-  const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
-  const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
+/// Adds the additive terms (dense float mask over [lo, hi), ALiBi) to score row s of query
+/// row i of (b, h) over key tile [j0, j0 + kBlockKv).
+HWY_INLINE void AddScoreTerms(const AttentionParams& p, const DenseMaskRows& dense, int64_t h,
+                              int64_t i, int64_t j0, int64_t lo, int64_t hi,
+                              float* HWY_RESTRICT s) {
   if (dense.additive()) dense.apply(i, j0 + lo, hi - lo, s + lo);
   const AlibiRow alibi = alibi_row(p.mask, h, i, p.q_len, p.kv_len);
   if (alibi.active) {
-    // s[j] -= slope * |j0 + j - center|; lanes outside [lo, hi) are masked below.
+    // s[j] -= slope * |j0 + j - center|; lanes outside [lo, hi) are masked afterwards.
     const hn::ScalableTag<float> d;
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
     const auto neg_slope = hn::Set(d, -alibi.slope);
@@ -54,14 +43,39 @@ HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dens
       hn::StoreU(hn::MulAdd(neg_slope, distance, hn::LoadU(d, s + j)), d, s + j);
     }
   }
-  if (mod_input) std::copy(s, s + kBlockKv, mod_input);
-  if (flex_state && flex_state->score_mod && hi > lo) {
-    flex::HWY_NAMESPACE::ApplyScoreMod(*flex_state->score_mod, s, b, h, i, j0, lo, hi);
+}
+
+/// The parts of MaskScoreRow a caller already did for the whole tile.
+struct TileMaskDone {
+  bool score_mod = false;  // additive terms and score_mod (ScoreModTile)
+  bool blocks = false;     // BlockMask: `keep` is exactly its kept keys (FlexRowSupport)
+};
+
+/// Masks score row s[0, kBlockKv) = columns [j0, j0 + kBlockKv) of query row i of
+/// (b, h), in this order: additive terms (dense float mask, ALiBi), flex score_mod, masks.
+/// Keys outside row_columns (band, document, padding) or past kv_len become -inf by
+/// filling the row's ends (never per element); the dense bool mask and the BlockMask's
+/// partial blocks (mask_mod over SIMD lanes) then mask within; full blocks skip mask_mod.
+/// `keep` is row_columns() of row i, or FlexRowSupport's narrowing of it; `mod_input`, when
+/// non-null, receives the row as score_mod sees it (for the backward).
+HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dense,
+                             flex::RowState* flex_state, int64_t b, int64_t h, int64_t i,
+                             const ColumnRange& keep, int64_t j0, int64_t cols,
+                             float* HWY_RESTRICT s, float* HWY_RESTRICT mod_input = nullptr,
+                             TileMaskDone done = {}) {
+  const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
+  const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
+  if (!done.score_mod) {
+    AddScoreTerms(p, dense, h, i, j0, lo, hi, s);
+    if (mod_input) std::copy(s, s + kBlockKv, mod_input);
+    if (flex_state && flex_state->score_mod && hi > lo) {
+      flex::HWY_NAMESPACE::ApplyScoreMod(*flex_state->score_mod, s, b, h, i, j0, lo, hi);
+    }
   }
   std::fill(s, s + lo, kNegInf);
   std::fill(s + hi, s + kBlockKv, kNegInf);
   if (dense.keep_mask()) dense.apply(i, j0 + lo, hi - lo, s + lo);
-  if (flex_state && flex_state->blocks.active() && !blocks_applied) {
+  if (flex_state && flex_state->blocks.active() && !done.blocks) {
     const int64_t bs = flex_state->blocks.kv_block_size();
     for (int64_t j = lo; j < hi;) {  // one segment per BlockMask block
       const int64_t kb = (j0 + j) / bs;
@@ -75,6 +89,23 @@ HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dens
       j = end;
     }
   }
+}
+
+/// MaskScoreRow's additive terms and score_mod for the rows of a tile at once (rows
+/// q_begin + r, r < rows, with keys keys[r]; scores rows of kBlockKv floats): the
+/// score_mod runs one evaluation per chunk of rows instead of one per row.
+HWY_INLINE void ScoreModTile(const AttentionParams& p, const DenseMaskRows& dense,
+                             flex::RowState& flex_state, int64_t b, int64_t h, int64_t q_begin,
+                             int64_t rows, const ColumnRange* keys, int64_t j0, int64_t cols,
+                             float* HWY_RESTRICT scores) {
+  int64_t lo[kBlockQ], hi[kBlockQ];
+  for (int64_t r = 0; r < rows; ++r) {
+    lo[r] = std::clamp<int64_t>(keys[r].begin - j0, 0, cols);
+    hi[r] = std::clamp<int64_t>(keys[r].end - j0, lo[r], cols);
+    AddScoreTerms(p, dense, h, q_begin + r, j0, lo[r], hi[r], scores + r * kBlockKv);
+  }
+  flex::HWY_NAMESPACE::ApplyScoreModRows(*flex_state.score_mod, scores, kBlockKv, b, h, q_begin,
+                                         rows, j0, lo, hi);
 }
 
 /// Narrows `keep` (row i's keys, absolute columns) to the hull of the keys the BlockMask

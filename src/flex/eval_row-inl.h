@@ -40,14 +40,21 @@ struct View {
   bool lanes;
 };
 
-/// One evaluation: `rows` rows of lanes [lo, hi), writing out + r * out_stride. `shape`
-/// is the shape being evaluated; `row` the chunk row of a kScore evaluation; `scores`
-/// its score lanes.
+/// One evaluation: `rows` rows of lanes [lo, hi) (per row [row_lo[r], row_hi[r]) when
+/// given), writing out + r * out_stride. `shape` is the shape being evaluated. A kScore
+/// evaluation covers chunk rows row, row + 1, ...; their score lanes are
+/// scores + r * score_stride.
 struct Pass {
   Shape shape;
   int64_t rows, lo, hi, out_stride;
   int64_t row;
   const float* scores;
+  int64_t score_stride = 0;
+  const int64_t* row_lo = nullptr;
+  const int64_t* row_hi = nullptr;
+
+  int64_t lo_of(int64_t r) const { return row_lo ? row_lo[r] : lo; }
+  int64_t hi_of(int64_t r) const { return row_hi ? row_hi[r] : hi; }
 };
 
 template <typename T>
@@ -67,7 +74,7 @@ HWY_INLINE View<T> ViewOf(RowBuffers& buf, int32_t id, const Pass& pass) {
   const Shape s = buf.shape[id];
   const T* base = Values<T>(buf, id);
   if constexpr (std::is_same_v<T, float>) {
-    if (buf.program->code[id].op == Op::kScore) return {pass.scores, 0, true};
+    if (buf.program->code[id].op == Op::kScore) return {pass.scores, pass.score_stride, true};
   }
   constexpr int64_t kLastRow = RowBuffers::kChunkRows - 1;
   switch (pass.shape) {
@@ -76,10 +83,11 @@ HWY_INLINE View<T> ViewOf(RowBuffers& buf, int32_t id, const Pass& pass) {
       if (s == Shape::kFull) return {base, buf.lanes, true};
       if (s == Shape::kDiag) return {base + kLastRow, -1, true};  // (r, j): j - r + kLastRow
       return {base, 0, s == Shape::kCol};
-    case Shape::kScore:
-      if (s == Shape::kRow) return {base + pass.row, 0, false};
-      if (s == Shape::kFull) return {base + pass.row * buf.lanes, 0, true};
-      if (s == Shape::kDiag) return {base + kLastRow - pass.row, 0, true};
+    case Shape::kScore:  // score-shaped values are stored from the pass's first row
+      if (s == Shape::kRow) return {base + pass.row, 1, false};
+      if (s == Shape::kFull) return {base + pass.row * buf.lanes, buf.lanes, true};
+      if (s == Shape::kDiag) return {base + kLastRow - pass.row, -1, true};
+      if (s == Shape::kScore) return {base, buf.lanes, true};
       return {base, 0, s != Shape::kScalar};
     case Shape::kDiag:
       // Diagonal u is read at row kLastRow, key lane u: a q_idx + c operand is its last
@@ -99,17 +107,18 @@ HWY_INLINE void Map2(const View<T>& x, const View<T>& y, R* HWY_RESTRICT out, co
     const T* HWY_RESTRICT xp = x.base + r * x.row_stride;
     const T* HWY_RESTRICT yp = y.base + r * y.row_stride;
     R* HWY_RESTRICT o = out + r * p.out_stride;
+    const int64_t lo = p.lo_of(r), hi = p.hi_of(r);
     if (x.lanes && y.lanes) {
-      for (int64_t j = p.lo; j < p.hi; ++j) o[j] = f(xp[j], yp[j]);
+      for (int64_t j = lo; j < hi; ++j) o[j] = f(xp[j], yp[j]);
     } else if (x.lanes) {
       const T b = *yp;
-      for (int64_t j = p.lo; j < p.hi; ++j) o[j] = f(xp[j], b);
+      for (int64_t j = lo; j < hi; ++j) o[j] = f(xp[j], b);
     } else if (y.lanes) {
       const T a = *xp;
-      for (int64_t j = p.lo; j < p.hi; ++j) o[j] = f(a, yp[j]);
+      for (int64_t j = lo; j < hi; ++j) o[j] = f(a, yp[j]);
     } else {
       const R v = f(*xp, *yp);
-      for (int64_t j = p.lo; j < p.hi; ++j) o[j] = v;
+      for (int64_t j = lo; j < hi; ++j) o[j] = v;
     }
   }
 }
@@ -144,7 +153,7 @@ HWY_INLINE void MapFloat2(const View<float>& x, const View<float>& y, float* HWY
   for (int64_t r = 0; r < p.rows; ++r) {
     const View<float> xr{x.base + r * x.row_stride, 0, x.lanes};
     const View<float> yr{y.base + r * y.row_stride, 0, y.lanes};
-    StoreRow(out + r * p.out_stride, p.lo, p.hi,
+    StoreRow(out + r * p.out_stride, p.lo_of(r), p.hi_of(r),
              [&](auto d, int64_t j) { return f(d, Lanes(d, xr, j), Lanes(d, yr, j)); });
   }
 }
@@ -155,11 +164,12 @@ HWY_INLINE void Map1(const View<T>& x, R* HWY_RESTRICT out, const Pass& p, F f) 
   for (int64_t r = 0; r < p.rows; ++r) {
     const T* HWY_RESTRICT xp = x.base + r * x.row_stride;
     R* HWY_RESTRICT o = out + r * p.out_stride;
+    const int64_t lo = p.lo_of(r), hi = p.hi_of(r);
     if (x.lanes) {
-      for (int64_t j = p.lo; j < p.hi; ++j) o[j] = f(xp[j]);
+      for (int64_t j = lo; j < hi; ++j) o[j] = f(xp[j]);
     } else {
       const R v = f(*xp);
-      for (int64_t j = p.lo; j < p.hi; ++j) o[j] = v;
+      for (int64_t j = lo; j < hi; ++j) o[j] = v;
     }
   }
 }
@@ -170,15 +180,15 @@ template <class F>
 HWY_INLINE void MapFloat(const View<float>& x, float* HWY_RESTRICT out, const Pass& p, F f) {
   const hn::ScalableTag<float> d;
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t first = p.lo / n * n;
   for (int64_t r = 0; r < p.rows; ++r) {
     const float* HWY_RESTRICT xp = x.base + r * x.row_stride;
     float* HWY_RESTRICT o = out + r * p.out_stride;
+    const int64_t first = p.lo_of(r) / n * n, hi = p.hi_of(r);
     if (x.lanes) {
-      for (int64_t j = first; j < p.hi; j += n) hn::StoreU(f(d, hn::LoadU(d, xp + j)), d, o + j);
+      for (int64_t j = first; j < hi; j += n) hn::StoreU(f(d, hn::LoadU(d, xp + j)), d, o + j);
     } else {
       const auto v = f(d, hn::Set(d, *xp));
-      for (int64_t j = first; j < p.hi; j += n) hn::StoreU(v, d, o + j);
+      for (int64_t j = first; j < hi; j += n) hn::StoreU(v, d, o + j);
     }
   }
 }
@@ -235,10 +245,10 @@ HWY_INLINE void Divide(RowBuffers& buf, int32_t id, const View<float>& x, const 
     const View<float> xr{x.base + r * x.row_stride, 0, x.lanes};
     float* o = out + r * p.out_stride;
     if (std::isnormal(reciprocal)) {
-      StoreRow(o, p.lo, p.hi,
+      StoreRow(o, p.lo_of(r), p.hi_of(r),
                [&](auto d, int64_t j) { return hn::Mul(Lanes(d, xr, j), hn::Set(d, reciprocal)); });
     } else {
-      StoreRow(o, p.lo, p.hi,
+      StoreRow(o, p.lo_of(r), p.hi_of(r),
                [&](auto d, int64_t j) { return hn::Div(Lanes(d, xr, j), hn::Set(d, divisor)); });
     }
   }
@@ -280,7 +290,7 @@ HWY_INLINE std::pair<int64_t, int64_t> Position(const RowBuffers& buf, const Pas
     case Shape::kFull:
       return {buf.chunk_q0 + r, buf.chunk_kv0 + j};
     case Shape::kScore:
-      return {buf.chunk_q0 + p.row, buf.chunk_kv0 + j};
+      return {buf.chunk_q0 + p.row + r, buf.chunk_kv0 + j};
     case Shape::kScalar:
     case Shape::kDiag:
       break;  // chunk passes record failures instead of reporting them
@@ -310,12 +320,13 @@ HWY_INLINE void Read(RowBuffers& buf, const Instr& in, R* out, const Pass& p) {
   int64_t offsets[RowBuffers::kMaxLanes];
   uint8_t ok[RowBuffers::kMaxLanes];
   for (int64_t r = 0; r < p.rows; ++r) {
-    std::fill(offsets + p.lo, offsets + p.hi, int64_t{0});
-    std::fill(ok + p.lo, ok + p.hi, uint8_t{1});
+    const int64_t lo = p.lo_of(r), hi = p.hi_of(r);
+    std::fill(offsets + lo, offsets + hi, int64_t{0});
+    std::fill(ok + lo, ok + hi, uint8_t{1});
     for (int64_t d = 0; d < dims; ++d) {
       const int64_t size = t.size(d), stride = t.stride(d);
       const int64_t* HWY_RESTRICT ip = index[d].base + r * index[d].row_stride;
-      for (int64_t j = p.lo; j < p.hi; ++j) {
+      for (int64_t j = lo; j < hi; ++j) {
         const int64_t v = index[d].lanes ? ip[j] : *ip;
         const bool inside = v >= 0 && v < size;
         if (!inside && ok[j]) {
@@ -333,23 +344,23 @@ HWY_INLINE void Read(RowBuffers& buf, const Instr& in, R* out, const Pass& p) {
     const void* data = t.data_ptr();
     switch (t.dtype()) {
       case DType::kFloat32:
-        LoadLanes<float>(data, offsets, ok, o, p.lo, p.hi);
+        LoadLanes<float>(data, offsets, ok, o, lo, hi);
         break;
       case DType::kFloat64:
-        LoadLanes<double>(data, offsets, ok, o, p.lo, p.hi);
+        LoadLanes<double>(data, offsets, ok, o, lo, hi);
         break;
       case DType::kInt32:
-        LoadLanes<int32_t>(data, offsets, ok, o, p.lo, p.hi);
+        LoadLanes<int32_t>(data, offsets, ok, o, lo, hi);
         break;
       case DType::kInt64:
-        LoadLanes<int64_t>(data, offsets, ok, o, p.lo, p.hi);
+        LoadLanes<int64_t>(data, offsets, ok, o, lo, hi);
         break;
       case DType::kBool:
-        LoadLanes<bool>(data, offsets, ok, o, p.lo, p.hi);
+        LoadLanes<bool>(data, offsets, ok, o, lo, hi);
         break;
       case DType::kBFloat16:
       case DType::kFloat16:
-        for (int64_t j = p.lo; j < p.hi; ++j) {
+        for (int64_t j = lo; j < hi; ++j) {
           o[j] = ok[j] ? static_cast<R>(detail::load_element(data, t.dtype(), offsets[j])) : R(0);
         }
         break;
@@ -366,7 +377,7 @@ HWY_INLINE void IntDivide(RowBuffers& buf, const View<int64_t>& x, const View<in
     const int64_t* xp = x.base + r * x.row_stride;
     const int64_t* yp = y.base + r * y.row_stride;
     int64_t* o = out + r * p.out_stride;
-    for (int64_t j = p.lo; j < p.hi; ++j) {
+    for (int64_t j = p.lo_of(r); j < p.hi_of(r); ++j) {
       const int64_t a = x.lanes ? xp[j] : *xp, b = y.lanes ? yp[j] : *yp;
       if (b == 0) {
         SDPA_CHECK(p.shape != Shape::kScore, "flex: integer division by zero");
@@ -521,7 +532,7 @@ HWY_INLINE void EvalInstr(RowBuffers& buf, int32_t k, const Pass& p) {
           const auto* xp = x.base + r * x.row_stride;
           const auto* yp = y.base + r * y.row_stride;
           auto* o = out + r * p.out_stride;
-          for (int64_t j = p.lo; j < p.hi; ++j) {
+          for (int64_t j = p.lo_of(r); j < p.hi_of(r); ++j) {
             o[j] = (c.lanes ? cp[j] : *cp) ? (x.lanes ? xp[j] : *xp) : (y.lanes ? yp[j] : *yp);
           }
         }
@@ -607,13 +618,26 @@ HWY_INLINE bool RowHasBad(const RowBuffers& buf, int64_t row, int64_t lo, int64_
                       " evaluates without error in the reference");
 }
 
-/// Runs the score-reading instructions for chunk row `row` over lanes [lo, hi) of
-/// `scores` (the tile row), after PrepareChunk. Throws for a consumed failed element.
-inline HWY_NOINLINE void EvaluateScoreRow(RowBuffers& buf, int64_t row, const float* scores,
-                                          int64_t lo, int64_t hi) {
-  if (RowHasBad(buf, row, lo, hi)) ReportBadRow(buf, scores, row, lo, hi);
-  const Pass pass{Shape::kScore, 1, lo, hi, 0, row, scores};
+/// Runs the score-reading instructions for chunk rows row .. row + rows - 1 over lanes
+/// [lo[r], hi[r]) of scores + r * score_stride (tile rows), after PrepareChunk; their
+/// values are stored from row 0 of the score-shaped buffers. Throws for a consumed failed
+/// element.
+inline HWY_NOINLINE void EvaluateScoreRows(RowBuffers& buf, int64_t row, int64_t rows,
+                                           const float* scores, int64_t score_stride,
+                                           const int64_t* lo, const int64_t* hi) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (RowHasBad(buf, row + r, lo[r], hi[r])) {
+      ReportBadRow(buf, scores + r * score_stride, row + r, lo[r], hi[r]);
+    }
+  }
+  const Pass pass{Shape::kScore, rows, 0, 0, buf.lanes, row, scores, score_stride, lo, hi};
   for (int32_t k : buf.score_code) EvalInstr(buf, k, pass);
+}
+
+/// One score row of EvaluateScoreRows.
+HWY_INLINE void EvaluateScoreRow(RowBuffers& buf, int64_t row, const float* scores, int64_t lo,
+                                 int64_t hi) {
+  EvaluateScoreRows(buf, row, 1, scores, 0, &lo, &hi);
 }
 
 /// Evaluates the program for query q_idx of (b, h) and keys kv0 + j, j < n, with score =
@@ -630,7 +654,7 @@ inline int32_t EvaluateRow(RowBuffers& buf, const float* scores, int64_t b, int6
 
 /// Makes floats(id) / ints(id) hold instruction id's lanes for the last EvaluateRow.
 inline void MaterializeLanes(RowBuffers& buf, int32_t id) {
-  const Pass pass{Shape::kScore, 1, 0, buf.lanes, 0, buf.last_row, buf.last_scores};
+  const Pass pass{Shape::kScore, 1, 0, buf.lanes, buf.lanes, buf.last_row, buf.last_scores};
   if (buf.program->code[id].type == ValueType::kFloat) {
     Map1(ViewOf<float>(buf, id, pass), buf.floats(id), pass, [](float a) { return a; });
   } else {
@@ -638,28 +662,54 @@ inline void MaterializeLanes(RowBuffers& buf, int32_t id) {
   }
 }
 
+/// Replaces s[r * s_stride + j] by score_mod of it for rows r < rows, query q_first + r of
+/// (b, h), and lanes j in [lo[r], hi[r]) of the key tile starting at kv0: one evaluation
+/// per chunk of rows, so the program's dispatch is paid per chunk rather than per row.
+HWY_INLINE void ApplyScoreModRows(RowBuffers& buf, float* s, int64_t s_stride, int64_t b, int64_t h,
+                                  int64_t q_first, int64_t rows, int64_t kv0, const int64_t* lo,
+                                  const int64_t* hi) {
+  for (int64_t r0 = 0; r0 < rows;) {
+    const int64_t row = PrepareChunk(buf, b, h, q_first + r0, kv0);
+    const int64_t n = std::min(rows - r0, RowBuffers::kChunkRows - row);
+    float* sc = s + r0 * s_stride;
+    const int64_t* l = lo + r0;
+    const int64_t* u = hi + r0;
+    const Pass pass{Shape::kScore, n, 0, 0, buf.lanes, row, sc, s_stride, l, u};
+    if (buf.bias >= 0) {  // score +/- X: no score instruction runs
+      for (int64_t r = 0; r < n; ++r) {
+        if (RowHasBad(buf, row + r, l[r], u[r])) {
+          ReportBadRow(buf, sc + r * s_stride, row + r, l[r], u[r]);
+        }
+      }
+      const View<float> x = ViewOf<float>(buf, buf.bias, pass);
+      const float sign = buf.bias_subtracted ? -1.0f : 1.0f;
+      for (int64_t r = 0; r < n; ++r) {
+        float* sr = sc + r * s_stride;
+        const View<float> xr{x.base + r * x.row_stride, 0, x.lanes};
+        StoreRow(sr, l[r], u[r], [&](auto d, int64_t j) {
+          return hn::MulAdd(hn::Set(d, sign), Lanes(d, xr, j), hn::LoadU(d, sr + j));
+        });
+      }
+    } else {
+      EvaluateScoreRows(buf, row, n, sc, s_stride, l, u);
+      const View<float> result = ViewOf<float>(buf, buf.program->result, pass);
+      if (result.base != sc) {  // else score_mod(score) = score
+        for (int64_t r = 0; r < n; ++r) {
+          const View<float> rr{result.base + r * result.row_stride, 0, result.lanes};
+          StoreRow(sc + r * s_stride, l[r], u[r],
+                   [&](auto d, int64_t j) { return Lanes(d, rr, j); });
+        }
+      }
+    }
+    r0 += n;
+  }
+}
+
 /// Replaces s[j] by score_mod(s[j]) for j in [lo, hi), where s is the score row of query
 /// q_idx of (b, h) over the key tile starting at kv0.
 HWY_INLINE void ApplyScoreMod(RowBuffers& buf, float* s, int64_t b, int64_t h, int64_t q_idx,
                               int64_t kv0, int64_t lo, int64_t hi) {
-  const int64_t row = PrepareChunk(buf, b, h, q_idx, kv0);
-  const Pass pass{Shape::kScore, 1, lo, hi, 0, row, s};
-  if (buf.bias >= 0) {  // score +/- X: no score instruction runs
-    if (RowHasBad(buf, row, lo, hi)) ReportBadRow(buf, s, row, lo, hi);
-    const View<float> x = ViewOf<float>(buf, buf.bias, pass);
-    if (buf.bias_subtracted) {
-      StoreRow(s, lo, hi,
-               [&](auto d, int64_t j) { return hn::Sub(hn::LoadU(d, s + j), Lanes(d, x, j)); });
-    } else {
-      StoreRow(s, lo, hi,
-               [&](auto d, int64_t j) { return hn::Add(hn::LoadU(d, s + j), Lanes(d, x, j)); });
-    }
-    return;
-  }
-  EvaluateScoreRow(buf, row, s, lo, hi);
-  const View<float> result = ViewOf<float>(buf, buf.program->result, pass);
-  if (result.base == s) return;  // score_mod(score) = score
-  StoreRow(s, lo, hi, [&](auto d, int64_t j) { return Lanes(d, result, j); });
+  ApplyScoreModRows(buf, s, 0, b, h, q_idx, 1, kv0, &lo, &hi);
 }
 
 /// Which lanes of [lo, hi) a mask_mod keeps: the first and last kept lane and how many are
@@ -676,8 +726,8 @@ HWY_INLINE KeptLanes CountKeptLanes(RowBuffers& buf, int64_t b, int64_t h, int64
   SDPA_CHECK(buf.score_code.empty(), "flex: internal error: a mask_mod reads score");
   const int64_t row = PrepareChunk(buf, b, h, q_idx, kv0);
   if (RowHasBad(buf, row, lo, hi)) ReportBadRow(buf, nullptr, row, lo, hi);
-  const View<int64_t> keep =
-      ViewOf<int64_t>(buf, buf.program->result, Pass{Shape::kScore, 1, lo, hi, 0, row, nullptr});
+  const View<int64_t> keep = ViewOf<int64_t>(
+      buf, buf.program->result, Pass{Shape::kScore, 1, lo, hi, buf.lanes, row, nullptr});
   if (!keep.lanes) return *keep.base != 0 ? KeptLanes{lo, hi - 1, hi - lo} : KeptLanes{};
   // 64 lanes at a time as a bit set (lanes past hi are read from the padded buffers and
   // cleared), so first / last / count are bit scans rather than a loop over lanes.
@@ -711,7 +761,7 @@ HWY_INLINE void ApplyMaskMod(RowBuffers& buf, float* HWY_RESTRICT s, int64_t b, 
     EvaluateScoreRow(buf, row, s, lo, hi);
   }
   const View<int64_t> keep =
-      ViewOf<int64_t>(buf, buf.program->result, Pass{Shape::kScore, 1, lo, hi, 0, row, s});
+      ViewOf<int64_t>(buf, buf.program->result, Pass{Shape::kScore, 1, lo, hi, buf.lanes, row, s});
   if (!keep.lanes) {
     if (*keep.base == 0) std::fill(s + lo, s + hi, kNegInf);
     return;

@@ -8,7 +8,8 @@
 //   kCol     kv_idx                      one lane per key of the tile
 //   kDiag    kv_idx - q_idx only         one lane per diagonal of the chunk
 //   kFull    q_idx and kv_idx            [kChunkRows, lanes], once per chunk of rows
-//   kScore   score                       per row, when the kernel hands the row over
+//   kScore   score                       per score row the kernel hands over (up to
+//                                        kChunkRows rows per evaluation)
 // kDiag covers relative positions (q_idx - kv_idx, |q_idx - kv_idx|, ALiBi's bias, a
 // relative-bias table read, causal and window comparisons): it arises from a subtraction
 // or comparison of q_idx + c with kv_idx + c' and stays diagonal through operations with
@@ -18,12 +19,14 @@
 // is computed once per chunk, so a score row costs only its score-dependent instructions
 // (ALiBi: one subtraction), and a mask_mod (which never reads score) costs a select per row.
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <utility>
 #include <vector>
 
 #include "flex/eval_scalar.h"
+#include "hwy/aligned_allocator.h"
 #include "sdpa/error.h"
 
 namespace sdpa::flex {
@@ -100,7 +103,9 @@ struct RowBuffers {
       q_affine[k] = affine(Op::kQIdx, q_affine);
       kv_affine[k] = affine(Op::kKvIdx, kv_affine);
       (s == Shape::kScore ? score_code : chunk_code).push_back(static_cast<int32_t>(k));
-      const int64_t size = extent(s) + kPad;
+      // Whole 64-byte lines per instruction: a vector access that straddles two cache lines
+      // costs two, which made misaligned score buffers the evaluation's largest cost.
+      const int64_t size = (extent(s) + kPad + kPad - 1) / kPad * kPad;
       int64_t& next = in.type == ValueType::kFloat ? f_size : i_size;
       offset[k] = next;
       next += size;
@@ -119,8 +124,12 @@ struct RowBuffers {
         bias = x;
       }
     }
-    f.assign(static_cast<size_t>(f_size), 0.0f);
-    i.assign(static_cast<size_t>(i_size), 0);
+    // (Highway refuses empty allocations: programs may have no float or no int values.)
+    f = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(f_size, 1)));
+    i = hwy::AllocateAligned<int64_t>(static_cast<size_t>(std::max<int64_t>(i_size, 1)));
+    SDPA_CHECK(f && i, "flex: out of memory for the evaluator's buffers");
+    std::fill(f.get(), f.get() + f_size, 0.0f);
+    std::fill(i.get(), i.get() + i_size, int64_t{0});
     reciprocal.assign(n, {std::numeric_limits<float>::quiet_NaN(), 0.0f});
     row_f.assign(n * static_cast<size_t>(lanes), 0.0f);
     row_i.assign(n * static_cast<size_t>(lanes), 0);
@@ -153,7 +162,7 @@ struct RowBuffers {
       case Shape::kFull:
         return kChunkRows * lanes;
       case Shape::kScore:
-        return lanes;
+        return kChunkRows * lanes;
     }
     return 0;
   }
@@ -167,12 +176,12 @@ struct RowBuffers {
   // Per kDiv instruction: its last uniform divisor and 1 / divisor (NaN: none yet; a NaN
   // divisor never matches and is recomputed, giving NaN quotients as division would).
   std::vector<std::pair<float, float>> reciprocal;
-  int32_t bias = -1;             // the X of a score + X program, else -1
-  bool bias_subtracted = false;  // score - X
-  std::vector<int64_t> offset;   // per instruction: start of its values in f (float) or i
-  std::vector<float> f;          // float instructions' values
-  std::vector<int64_t> i;        // int and bool (0 / 1) instructions' values
-  ScalarEvaluator scalar;        // the float64 oracle (MATH; error reports)
+  int32_t bias = -1;                       // the X of a score + X program, else -1
+  bool bias_subtracted = false;            // score - X
+  std::vector<int64_t> offset;             // per instruction: start of its values in f (float) or i
+  hwy::AlignedFreeUniquePtr<float[]> f;    // float instructions' values
+  hwy::AlignedFreeUniquePtr<int64_t[]> i;  // int and bool (0 / 1) instructions' values
+  ScalarEvaluator scalar;                  // the float64 oracle (MATH; error reports)
 
   // The chunk whose index part (every instruction but kScore) is in f / i.
   int64_t chunk_b = -1, chunk_h = -1, chunk_q0 = -1, chunk_kv0 = -1;
@@ -193,8 +202,8 @@ struct RowBuffers {
   std::vector<int64_t> row_i;  // [instructions, lanes]
 
   /// Values of an instruction in its shape's layout (the evaluator's storage).
-  float* fvals(int32_t instr) { return f.data() + offset[instr]; }
-  int64_t* ivals(int32_t instr) { return i.data() + offset[instr]; }
+  float* fvals(int32_t instr) { return f.get() + offset[instr]; }
+  int64_t* ivals(int32_t instr) { return i.get() + offset[instr]; }
   /// Lanes of an instruction for the last evaluated row, valid after MaterializeLanes.
   float* floats(int32_t instr) { return row_f.data() + instr * lanes; }
   int64_t* ints(int32_t instr) { return row_i.data() + instr * lanes; }
