@@ -2,7 +2,7 @@
 // The CPU flash forward for calls with few query rows per kv head (decoding: L = 1 to a
 // few, with GQA): split-KV. The keys are cut into fixed chunks of kDecodeChunk; each
 // (batch, kv head, chunk) item runs every query row of the kv head's GQA group over its
-// chunk (reading each key and value once, converted on the fly, no packing) and leaves a
+// chunk (reading each key and value once, converted tile by tile, no packing) and leaves a
 // partial (unnormalized output, running max, running sum); the partials are then merged
 // by their logsumexp (FlashDecoding: Dao et al., 2023; the merge of
 // merge_attention_states). The chunk size does not depend on the thread count, so results
@@ -29,10 +29,15 @@ bool use_decode_path(const AttentionParams& params);
 struct DecodeScratch {
   explicit DecodeScratch(const AttentionParams& params);
   int64_t head_dim_qk_padded, head_dim_vo_padded;
-  float* q;        ///< [rows, E_pad], pre-scaled
-  float* scores;   ///< [rows, kBlockKv]
-  float* key;      ///< [E_pad]: one converted key row
-  float* value;    ///< [Ev_pad]: one converted value row
+  /// Scores through vdpbf16ps (uses_bf16_dot) from key rows read in place, when the keys
+  /// are bfloat16 rows of unit stride; q then also as bf16 bits, unscaled.
+  bool bf16_keys;
+  int64_t head_dim_qk_pad32;  ///< E rounded up to 32 (one vdpbf16ps input)
+  uint16_t* q_bf16;           ///< [rows, E_pad32] when bf16_keys
+  float* q;                   ///< [rows, E_pad], pre-scaled
+  float* scores;              ///< [rows, kBlockKv]
+  float* tile;                ///< [kBlockKv, max(E_pad, Ev_pad)]: a tile's keys, then its
+                              ///< values, converted to float32
   ColumnRange row_keys[kDecodeMaxRows];
   flex::RowState flex;
 

@@ -1,6 +1,8 @@
 // Per-target body of the split-KV decode path (flash_decode.h): every query row of a kv
-// head's GQA group over one chunk of keys, scores as dot products of unpacked key rows,
-// the online softmax of FlashAttention-2 and P.v as row updates. Compiled for AVX-512,
+// head's GQA group over one chunk of keys, tile by tile: scores as dot products of key
+// rows (bf16 keys read in place by vdpbf16ps where available, else converted), summed
+// lanewise by one reduction tree per 16 keys; the online softmax of FlashAttention-2; P.v
+// through the register-blocked GEMM on the tile's converted values. Compiled for AVX-512,
 // AVX2 and the portable baseline by Highway's foreach_target.
 
 #undef HWY_TARGET_INCLUDE
@@ -10,7 +12,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpu/bf16_dot.h"
 #include "cpu/flash_decode.h"
+#include "cpu/gemm-inl.h"
 #include "cpu/philox.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/highway.h"
@@ -58,35 +62,77 @@ HWY_INLINE void LoadRow(const RowView& rows, int64_t r, int64_t padded, float* H
 }
 
 // Rows are read once, one after another, each a few hundred bytes: requesting the row
-// kPrefetchRows ahead keeps enough misses in flight to stream at memory bandwidth.
-constexpr int64_t kPrefetchRows = 24;
+// kPrefetchRows ahead keeps enough misses in flight to stream at memory bandwidth. The
+// requests go to L2 (prefetcht1): as L1 prefetches they held the L1 miss buffers the
+// demand loads need (one thread streamed 8.8 GB/s that way, 10.9 GB/s into L2).
+constexpr int64_t kPrefetchRows = 32;
 
 HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
   const char* row = static_cast<const char*>(rows.row_data(r));
   const int64_t bytes = rows.cols() * rows.col_stride() * static_cast<int64_t>(element_size(rows.dtype()));
-  for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset);
+  for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 0, 2);
 }
 
-HWY_INLINE float Dot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, int64_t padded) {
-  const hn::ScalableTag<float> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  auto sum0 = hn::Zero(d), sum1 = hn::Zero(d);  // two chains hide the FMA latency
-  int64_t e = 0;
-  for (; e + 2 * lanes <= padded; e += 2 * lanes) {
-    sum0 = hn::MulAdd(hn::LoadU(d, a + e), hn::LoadU(d, b + e), sum0);
-    sum1 = hn::MulAdd(hn::LoadU(d, a + e + lanes), hn::LoadU(d, b + e + lanes), sum1);
+// Lane k of the result = the sum of acc[k]'s lanes, for N = Lanes(d) accumulators: a tree
+// of interleaves and adds (log2 N levels) in place of N horizontal sums, whose shuffles
+// dominated the scores of a few query rows.
+template <class D>
+HWY_INLINE hn::Vec<D> SumsOfLanes(D d, hn::Vec<D>* acc) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)d;
+  return acc[0];
+#else
+  using V = hn::Vec<D>;
+  constexpr size_t N = hn::MaxLanes(d);
+  static_assert(N == 4 || N == 8 || N == 16, "SumsOfLanes: 128-bit blocks of 4 floats");
+  const hn::Repartition<uint64_t, D> d64;
+  V t[N / 2];  // per 128-bit block: pair sums of acc[2k] and acc[2k + 1]
+  for (size_t k = 0; k < N / 2; ++k) {
+    t[k] = hn::Add(hn::InterleaveLower(d, acc[2 * k], acc[2 * k + 1]),
+                   hn::InterleaveUpper(d, acc[2 * k], acc[2 * k + 1]));
   }
-  for (; e < padded; e += lanes) sum0 = hn::MulAdd(hn::LoadU(d, a + e), hn::LoadU(d, b + e), sum0);
-  return hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
+  V u[N / 4];  // u[m], block j: block j's sums of acc[4m] .. acc[4m + 3]
+  for (size_t m = 0; m < N / 4; ++m) {
+    const auto x = hn::BitCast(d64, t[2 * m]), y = hn::BitCast(d64, t[2 * m + 1]);
+    u[m] = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, x, y)),
+                   hn::BitCast(d, hn::InterleaveUpper(d64, x, y)));
+  }
+  if constexpr (N == 4) {
+    return u[0];
+  } else if constexpr (N == 8) {
+    return hn::Add(hn::ConcatLowerLower(d, u[1], u[0]), hn::ConcatUpperUpper(d, u[1], u[0]));
+  } else {
+#if HWY_TARGET == HWY_AVX3
+    const V v01 = hn::Add(hn::ConcatLowerLower(d, u[1], u[0]), hn::ConcatUpperUpper(d, u[1], u[0]));
+    const V v23 = hn::Add(hn::ConcatLowerLower(d, u[3], u[2]), hn::ConcatUpperUpper(d, u[3], u[2]));
+    // Even and odd 128-bit blocks of (v01, v23).
+    return hn::Add(V{_mm512_shuffle_f32x4(v01.raw, v23.raw, _MM_SHUFFLE(2, 0, 2, 0))},
+                   V{_mm512_shuffle_f32x4(v01.raw, v23.raw, _MM_SHUFFLE(3, 1, 3, 1))});
+#endif
+  }
+#endif
 }
 
-// acc[0, padded) += weight * row[0, padded).
-HWY_INLINE void Axpy(float weight, const float* HWY_RESTRICT row, float* HWY_RESTRICT acc,
-                     int64_t padded) {
+// scores[r * kBlockKv + c] = q_r . key_c for rows r < rows and keys c in [c0, c1) (multiples
+// of the lane count), key_c being row c of `keys` (row length e_pad).
+HWY_INLINE void ScoreKeys(const float* HWY_RESTRICT q, int64_t rows, const float* HWY_RESTRICT keys,
+                          int64_t e_pad, int64_t c0, int64_t c1, float* HWY_RESTRICT scores) {
   const hn::ScalableTag<float> d;
-  const auto w = hn::Set(d, weight);
-  for (int64_t e = 0; e < padded; e += static_cast<int64_t>(hn::Lanes(d))) {
-    hn::StoreU(hn::MulAdd(w, hn::LoadU(d, row + e), hn::LoadU(d, acc + e)), d, acc + e);
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
+  for (int64_t c = c0; c < c1; c += N) {
+    const float* key = keys + c * e_pad;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* qr = q + r * e_pad;
+      hn::Vec<decltype(d)> acc[N];
+      for (int64_t k = 0; k < N; ++k) acc[k] = hn::Zero(d);
+      for (int64_t e = 0; e < e_pad; e += N) {
+        const auto qv = hn::LoadU(d, qr + e);
+        for (int64_t k = 0; k < N; ++k) {
+          acc[k] = hn::MulAdd(qv, hn::LoadU(d, key + k * e_pad + e), acc[k]);
+        }
+      }
+      hn::StoreU(SumsOfLanes(d, acc), d, scores + r * kBlockKv + c);
+    }
   }
 }
 
@@ -100,9 +146,24 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
   const RowView k_rows(p.k, b, hk), v_rows(p.v, b, hk);
 
   ColumnRange visible{kv_end, kv_begin};  // union of the rows' keys within the chunk
+#if HWY_TARGET == HWY_AVX3
+  const bool bf16_keys = ws.bf16_keys;
+#else
+  const bool bf16_keys = false;  // bf16_keys holds only at the AVX512 level
+#endif
+  const int64_t E = p.head_dim_qk, e_pad32 = ws.head_dim_qk_pad32;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t h = hk * G + r / L, i = r % L;
-    LoadRow(RowView(p.q, b, h), i, e_pad, ws.q + r * e_pad, scale);
+    if (bf16_keys) {
+      // q as bf16 bits, unscaled (scale multiplies the float32 scores).
+      const RowView q_rows(p.q, b, h);
+      const uint16_t* src = static_cast<const uint16_t*>(q_rows.row_data(i));
+      uint16_t* dst = ws.q_bf16 + r * e_pad32;
+      for (int64_t e = 0; e < E; ++e) dst[e] = src[e * q_rows.col_stride()];
+      std::fill(dst + E, dst + e_pad32, uint16_t{0});
+    } else {
+      LoadRow(RowView(p.q, b, h), i, e_pad, ws.q + r * e_pad, scale);
+    }
     ws.row_keys[r] = row_columns(p.mask, b, i, L, S);
     const ColumnRange& keys = ws.row_keys[r];
     if (std::max(keys.begin, kv_begin) < std::min(keys.end, kv_end)) {
@@ -115,16 +176,36 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
   std::fill(row_sum, row_sum + rows, 0.0f);
   if (visible.empty()) return;
 
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   for (int64_t j0 = visible.begin / kBlockKv * kBlockKv; j0 < visible.end; j0 += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, S - j0);
     const int64_t c_begin = std::max<int64_t>(visible.begin - j0, 0);
     const int64_t c_end = std::min(cols, visible.end - j0);
-    for (int64_t c = c_begin; c < c_end; ++c) {
-      Prefetch(k_rows, std::min(j0 + c + kPrefetchRows, S - 1));
-      LoadRow(k_rows, j0 + c, e_pad, ws.key);
-      for (int64_t r = 0; r < rows; ++r) {
-        ws.scores[r * kBlockKv + c] = Dot(ws.q + r * e_pad, ws.key, e_pad);
+    // Scores in whole vectors of keys: [g_begin, g_end) covers [c_begin, c_end) within the
+    // tile; keys past kv_len score 0 (masked below).
+    const int64_t g_begin = c_begin / lanes * lanes;
+    const int64_t g_end = (c_end + lanes - 1) / lanes * lanes;
+    if (bf16_keys) {
+#if HWY_TARGET == HWY_AVX3
+      for (int64_t c = g_begin; c < g_end; ++c) {
+        Prefetch(k_rows, std::min(j0 + c + kPrefetchRows, S - 1));
       }
+      Bf16ScoreKeys(ws.q_bf16, rows, e_pad32,
+                    static_cast<const uint16_t*>(k_rows.row_data(j0 + g_begin)),
+                    k_rows.row_stride(), E, S - j0 - g_begin, g_end - g_begin, scale,
+                    ws.scores + g_begin, kBlockKv);
+#endif
+    } else {
+      for (int64_t c = g_begin; c < g_end; ++c) {
+        float* key = ws.tile + c * e_pad;
+        if (j0 + c >= S) {
+          std::fill(key, key + e_pad, 0.0f);
+          continue;
+        }
+        Prefetch(k_rows, std::min(j0 + c + kPrefetchRows, S - 1));
+        LoadRow(k_rows, j0 + c, e_pad, key);
+      }
+      ScoreKeys(ws.q, rows, ws.tile, e_pad, g_begin, g_end, ws.scores);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t h = hk * G + r / L, i = r % L;
@@ -141,12 +222,12 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
     }
     for (int64_t c = c_begin; c < c_end; ++c) {
       Prefetch(v_rows, std::min(j0 + c + kPrefetchRows, S - 1));
-      LoadRow(v_rows, j0 + c, ev_pad, ws.value);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float weight = ws.scores[r * kBlockKv + c];
-        if (weight != 0.0f) Axpy(weight, ws.value, acc + r * ev_pad, ev_pad);
-      }
+      LoadRow(v_rows, j0 + c, ev_pad, ws.tile + c * ev_pad);
     }
+    // P.v with register-blocked accumulators (the rows' outputs stay in registers over the
+    // tile's keys instead of a load and store per key).
+    Gemm(rows, ev_pad, c_end - c_begin, ws.scores + c_begin, kBlockKv, ws.tile + c_begin * ev_pad,
+         ev_pad, acc, ev_pad, true);
   }
 }
 

@@ -39,6 +39,7 @@ class RowView {
   int64_t cols() const { return cols_; }
   DType dtype() const { return dtype_; }
   int64_t col_stride() const { return stride_col_; }
+  int64_t row_stride() const { return stride_row_; }
   /// Address of row r's first element (stored dtype).
   const void* row_data(int64_t r) const {
     return base_ + r * stride_row_ * static_cast<int64_t>(element_size(dtype_));

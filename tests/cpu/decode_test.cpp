@@ -55,6 +55,8 @@ TEST(Decode, ChunkBoundariesGroupsAndDtypesMatchReference) {
         c.kv_len = kv_len;
         c.head_dim = kv_len % 2 ? 80 : 128;
         c.head_dim_v = kv_len % 2 ? 48 : 128;
+        // Key rows of another stride than head_dim (bf16 keys are read in place).
+        c.kv_layout = kv_len % 2 ? Layout::kBSHD : Layout::kBHSD;
         c.dtype = dtype;
         c.seed = static_cast<uint32_t>(kv_len * 7 + static_cast<int>(dtype));
         SCOPED_TRACE(capability);
