@@ -162,4 +162,93 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys
   }
 }
 
+template <int kRows, int kVecs>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void Bf16ValueTile(
+    const uint16_t* p, int64_t ld_p, const uint16_t* values, int64_t value_stride, int64_t n,
+    int64_t lanes, float* acc, int64_t ld_acc) {
+  __m512 a[kRows][kVecs];
+  for (int r = 0; r < kRows; ++r) {
+    for (int j = 0; j < kVecs; ++j) a[r][j] = _mm512_loadu_ps(acc + r * ld_acc + 16 * j);
+  }
+  // Lane l of the pair vector = (row c lane l, row c + 1 lane l): index l of x, 32 + l of y.
+  alignas(64) uint16_t order[32];
+  for (int l = 0; l < 16; ++l) {
+    order[2 * l] = static_cast<uint16_t>(l);
+    order[2 * l + 1] = static_cast<uint16_t>(32 + l);
+  }
+  const __m512i interleave = _mm512_load_si512(order);
+  __mmask16 mask[kVecs];  // the value lanes that exist (head_dim_v need not be a multiple of 16)
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t valid = std::clamp<int64_t>(lanes - 16 * j, 0, 16);
+    mask[j] = static_cast<__mmask16>((uint32_t{1} << valid) - 1);
+  }
+  for (int64_t c = 0; c < n; c += 2) {
+    const uint16_t* row0 = values + c * value_stride;
+    const uint16_t* row1 = row0 + value_stride;
+    const bool second = c + 1 < n;  // an odd last key pairs with zeros (its weight is 0)
+    __m512bh pairs[kVecs];
+    for (int j = 0; j < kVecs; ++j) {
+      const __m256i x = _mm256_maskz_loadu_epi16(mask[j], row0 + 16 * j);
+      const __m256i y = _mm256_maskz_loadu_epi16(second ? mask[j] : __mmask16{0}, row1 + 16 * j);
+      pairs[j] = (__m512bh)_mm512_permutex2var_epi16(_mm512_castsi256_si512(x), interleave,
+                                                     _mm512_castsi256_si512(y));
+    }
+    for (int r = 0; r < kRows; ++r) {
+      int32_t weights;
+      std::memcpy(&weights, p + r * ld_p + c, sizeof weights);
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(weights);
+      for (int j = 0; j < kVecs; ++j) a[r][j] = _mm512_dpbf16_ps(a[r][j], w, pairs[j]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int j = 0; j < kVecs; ++j) _mm512_storeu_ps(acc + r * ld_acc + 16 * j, a[r][j]);
+  }
+}
+
+/// P.v of few query rows over value rows read in place (decoding):
+/// acc[r * ld_acc + e] += sum_c P[r][c] value_c[e] for r < rows, c < n, e < head_dim_v,
+/// where P is bf16 bits (p + r * ld_p, n rounded up to even readable, the padding column
+/// weighing 0) and value_c = values + c * value_stride (head_dim_v bf16 elements, unit
+/// stride; nothing past them is read). acc rows are padded to a multiple of 16 floats.
+/// Keys are taken in pairs: vdpbf16ps multiplies (P[r][c], P[r][c + 1]) by the two rows'
+/// interleaved lanes.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void Bf16AccumulateValues(
+    const uint16_t* p, int64_t rows, int64_t ld_p, const uint16_t* values, int64_t value_stride,
+    int64_t head_dim_v, int64_t n, float* acc, int64_t ld_acc) {
+  for (int64_t e = 0; e < head_dim_v; e += 64) {
+    const int64_t lanes = head_dim_v - e;
+    const int64_t vecs = std::min<int64_t>(4, (lanes + 15) / 16);
+    for (int64_t r = 0; r < rows; r += 4) {
+      const int64_t m = std::min<int64_t>(4, rows - r);
+      const uint16_t* pr = p + r * ld_p;
+      float* ar = acc + r * ld_acc + e;
+      const uint16_t* ve = values + e;
+#define SDPA_BF16_VALUE_TILE(R, V) \
+  return Bf16ValueTile<R, V>(pr, ld_p, ve, value_stride, n, lanes, ar, ld_acc)
+      auto tile = [&](int64_t rr, int64_t vv) {
+        switch (rr * 4 + vv) {
+          case 5: SDPA_BF16_VALUE_TILE(1, 1);
+          case 6: SDPA_BF16_VALUE_TILE(1, 2);
+          case 7: SDPA_BF16_VALUE_TILE(1, 3);
+          case 8: SDPA_BF16_VALUE_TILE(1, 4);
+          case 9: SDPA_BF16_VALUE_TILE(2, 1);
+          case 10: SDPA_BF16_VALUE_TILE(2, 2);
+          case 11: SDPA_BF16_VALUE_TILE(2, 3);
+          case 12: SDPA_BF16_VALUE_TILE(2, 4);
+          case 13: SDPA_BF16_VALUE_TILE(3, 1);
+          case 14: SDPA_BF16_VALUE_TILE(3, 2);
+          case 15: SDPA_BF16_VALUE_TILE(3, 3);
+          case 16: SDPA_BF16_VALUE_TILE(3, 4);
+          case 17: SDPA_BF16_VALUE_TILE(4, 1);
+          case 18: SDPA_BF16_VALUE_TILE(4, 2);
+          case 19: SDPA_BF16_VALUE_TILE(4, 3);
+          default: SDPA_BF16_VALUE_TILE(4, 4);
+        }
+      };
+#undef SDPA_BF16_VALUE_TILE
+      tile(m, vecs);
+    }
+  }
+}
+
 }  // namespace sdpa::cpu

@@ -23,23 +23,26 @@ DecodeScratch::DecodeScratch(const AttentionParams& params)
       head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kMaxLanes)),
       bf16_keys(uses_bf16_dot(params) && params.k.dtype() == DType::kBFloat16 &&
                 params.k.stride(3) == 1),
+      bf16_values(bf16_keys && params.v.dtype() == DType::kBFloat16 && params.v.stride(3) == 1),
       head_dim_qk_pad32(round_up(params.head_dim_qk, 32)),
       flex(params.mask, kBlockKv) {
-  // The bf16 q slot holds two elements per float.
+  // The bf16 slots hold two elements per float.
   const int64_t sizes[] = {kDecodeMaxRows * head_dim_qk_padded, kDecodeMaxRows * kBlockKv,
                            kBlockKv * std::max(head_dim_qk_padded, head_dim_vo_padded),
-                           bf16_keys ? kDecodeMaxRows * head_dim_qk_pad32 / 2 : 0};
+                           bf16_keys ? kDecodeMaxRows * head_dim_qk_pad32 / 2 : 0,
+                           bf16_values ? kDecodeMaxRows * kBlockKv / 2 : 0};
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
   buffer_ = Tensor::empty({total}, DType::kFloat32);
   float* next = buffer_.data<float>();
-  float* q_bf16_slot = nullptr;
-  float** slots[] = {&q, &scores, &tile, &q_bf16_slot};
+  float *q_bf16_slot = nullptr, *p_bf16_slot = nullptr;
+  float** slots[] = {&q, &scores, &tile, &q_bf16_slot, &p_bf16_slot};
   for (size_t i = 0; i < std::size(slots); ++i) {
     *slots[i] = next;
     next += sizes[i];
   }
   q_bf16 = reinterpret_cast<uint16_t*>(q_bf16_slot);
+  p_bf16 = reinterpret_cast<uint16_t*>(p_bf16_slot);
 }
 
 void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse) {

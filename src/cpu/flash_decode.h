@@ -32,8 +32,12 @@ struct DecodeScratch {
   /// Scores through vdpbf16ps (uses_bf16_dot) from key rows read in place, when the keys
   /// are bfloat16 rows of unit stride; q then also as bf16 bits, unscaled.
   bool bf16_keys;
+  /// P.v through vdpbf16ps from value rows read in place (bf16_keys and bfloat16 values
+  /// of unit stride); P is rounded to bf16, as the FLASH forward's bf16 path does.
+  bool bf16_values;
   int64_t head_dim_qk_pad32;  ///< E rounded up to 32 (one vdpbf16ps input)
   uint16_t* q_bf16;           ///< [rows, E_pad32] when bf16_keys
+  uint16_t* p_bf16;           ///< [rows, kBlockKv] when bf16_values
   float* q;                   ///< [rows, E_pad], pre-scaled
   float* scores;              ///< [rows, kBlockKv]
   float* tile;                ///< [kBlockKv, max(E_pad, Ev_pad)]: a tile's keys, then its

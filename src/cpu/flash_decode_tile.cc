@@ -147,9 +147,9 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
 
   ColumnRange visible{kv_end, kv_begin};  // union of the rows' keys within the chunk
 #if HWY_TARGET == HWY_AVX3
-  const bool bf16_keys = ws.bf16_keys;
+  const bool bf16_keys = ws.bf16_keys, bf16_values = ws.bf16_values;
 #else
-  const bool bf16_keys = false;  // bf16_keys holds only at the AVX512 level
+  const bool bf16_keys = false, bf16_values = false;  // they hold only at the AVX512 level
 #endif
   const int64_t E = p.head_dim_qk, e_pad32 = ws.head_dim_qk_pad32;
   for (int64_t r = 0; r < rows; ++r) {
@@ -220,14 +220,30 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
         DropoutStream(p.dropout.philox, p.dropout.p).apply(static_cast<uint64_t>(element), s, cols);
       }
     }
-    for (int64_t c = c_begin; c < c_end; ++c) {
-      Prefetch(v_rows, std::min(j0 + c + kPrefetchRows, S - 1));
-      LoadRow(v_rows, j0 + c, ev_pad, ws.tile + c * ev_pad);
+    if (bf16_values) {
+#if HWY_TARGET == HWY_AVX3
+      // Keys in pairs from an even column; P is 0 at masked columns (and past c_end).
+      const int64_t pair_begin = c_begin / 2 * 2;
+      for (int64_t c = pair_begin; c < c_end; ++c) {
+        Prefetch(v_rows, std::min(j0 + c + kPrefetchRows, S - 1));
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        ConvertRowToBf16(ws.scores + r * kBlockKv, ws.p_bf16 + r * kBlockKv, kBlockKv);
+      }
+      Bf16AccumulateValues(ws.p_bf16 + pair_begin, rows, kBlockKv,
+                           static_cast<const uint16_t*>(v_rows.row_data(j0 + pair_begin)),
+                           v_rows.row_stride(), p.head_dim_vo, c_end - pair_begin, acc, ev_pad);
+#endif
+    } else {
+      for (int64_t c = c_begin; c < c_end; ++c) {
+        Prefetch(v_rows, std::min(j0 + c + kPrefetchRows, S - 1));
+        LoadRow(v_rows, j0 + c, ev_pad, ws.tile + c * ev_pad);
+      }
+      // P.v with register-blocked accumulators (the rows' outputs stay in registers over
+      // the tile's keys instead of a load and store per key).
+      Gemm(rows, ev_pad, c_end - c_begin, ws.scores + c_begin, kBlockKv,
+           ws.tile + c_begin * ev_pad, ev_pad, acc, ev_pad, true);
     }
-    // P.v with register-blocked accumulators (the rows' outputs stay in registers over the
-    // tile's keys instead of a load and store per key).
-    Gemm(rows, ev_pad, c_end - c_begin, ws.scores + c_begin, kBlockKv, ws.tile + c_begin * ev_pad,
-         ev_pad, acc, ev_pad, true);
   }
 }
 
