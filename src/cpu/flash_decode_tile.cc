@@ -2,8 +2,9 @@
 // head's GQA group over one chunk of keys, tile by tile: scores as dot products of key
 // rows (bf16 keys read in place by vdpbf16ps where available, else converted), summed
 // lanewise by one reduction tree per 16 keys; the online softmax of FlashAttention-2; P.v
-// through the register-blocked GEMM on the tile's converted values. Compiled for AVX-512,
-// AVX2 and the portable baseline by Highway's foreach_target.
+// by vdpbf16ps on bf16 value rows read in place where available, else through the
+// register-blocked GEMM on the tile's converted values. Compiled for AVX-512, AVX2 and the
+// portable baseline by Highway's foreach_target.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_decode_tile.cc"
@@ -187,13 +188,14 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
     const int64_t g_end = (c_end + lanes - 1) / lanes * lanes;
     if (bf16_keys) {
 #if HWY_TARGET == HWY_AVX3
-      for (int64_t c = g_begin; c < g_end; ++c) {
-        Prefetch(k_rows, std::min(j0 + c + kPrefetchRows, S - 1));
+      // 16 keys at a time, each group requesting the rows kPrefetchRows ahead of it (a
+      // whole tile's requests at once overflow the miss queues and are dropped).
+      for (int64_t c = g_begin; c < g_end; c += 16) {
+        for (int64_t k = c; k < c + 16; ++k) Prefetch(k_rows, std::min(j0 + k + kPrefetchRows, S - 1));
+        Bf16ScoreKeys(ws.q_bf16, rows, e_pad32,
+                      static_cast<const uint16_t*>(k_rows.row_data(j0 + c)), k_rows.row_stride(),
+                      E, S - j0 - c, 16, scale, ws.scores + c, kBlockKv);
       }
-      Bf16ScoreKeys(ws.q_bf16, rows, e_pad32,
-                    static_cast<const uint16_t*>(k_rows.row_data(j0 + g_begin)),
-                    k_rows.row_stride(), E, S - j0 - g_begin, g_end - g_begin, scale,
-                    ws.scores + g_begin, kBlockKv);
 #endif
     } else {
       for (int64_t c = g_begin; c < g_end; ++c) {
@@ -224,15 +226,16 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
 #if HWY_TARGET == HWY_AVX3
       // Keys in pairs from an even column; P is 0 at masked columns (and past c_end).
       const int64_t pair_begin = c_begin / 2 * 2;
-      for (int64_t c = pair_begin; c < c_end; ++c) {
-        Prefetch(v_rows, std::min(j0 + c + kPrefetchRows, S - 1));
-      }
       for (int64_t r = 0; r < rows; ++r) {
         ConvertRowToBf16(ws.scores + r * kBlockKv, ws.p_bf16 + r * kBlockKv, kBlockKv);
       }
-      Bf16AccumulateValues(ws.p_bf16 + pair_begin, rows, kBlockKv,
-                           static_cast<const uint16_t*>(v_rows.row_data(j0 + pair_begin)),
-                           v_rows.row_stride(), p.head_dim_vo, c_end - pair_begin, acc, ev_pad);
+      for (int64_t c = pair_begin; c < c_end; c += 16) {
+        const int64_t n = std::min<int64_t>(16, c_end - c);
+        for (int64_t k = c; k < c + n; ++k) Prefetch(v_rows, std::min(j0 + k + kPrefetchRows, S - 1));
+        Bf16AccumulateValues(ws.p_bf16 + c, rows, kBlockKv,
+                             static_cast<const uint16_t*>(v_rows.row_data(j0 + c)),
+                             v_rows.row_stride(), p.head_dim_vo, n, acc, ev_pad);
+      }
 #endif
     } else {
       for (int64_t c = c_begin; c < c_end; ++c) {
