@@ -19,7 +19,8 @@ using namespace sdpa;
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 30;
   const int64_t Hq = 32, Hkv = 8, E = 128;
-  std::printf("FLASH_ATTENTION decode, B=1 Hq=%ld Hkv=%ld L=1 E=%ld bfloat16, %d threads, %d rounds\n",
+  std::printf("FLASH_ATTENTION decode, B=1 Hq=%ld Hkv=%ld L=1 E=%ld bfloat16, %d threads, "
+              "%d rounds\n",
               Hq, Hkv, E, omp_get_max_threads(), rounds);
   for (const int64_t S : {4096, 32768}) {
     const Tensor q = bench::randn({1, Hq, 1, E}, DType::kBFloat16, 1);

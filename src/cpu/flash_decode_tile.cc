@@ -191,7 +191,9 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
       // 16 keys at a time, each group requesting the rows kPrefetchRows ahead of it (a
       // whole tile's requests at once overflow the miss queues and are dropped).
       for (int64_t c = g_begin; c < g_end; c += 16) {
-        for (int64_t k = c; k < c + 16; ++k) Prefetch(k_rows, std::min(j0 + k + kPrefetchRows, S - 1));
+        for (int64_t k = c; k < c + 16; ++k) {
+          Prefetch(k_rows, std::min(j0 + k + kPrefetchRows, S - 1));
+        }
         Bf16ScoreKeys(ws.q_bf16, rows, e_pad32,
                       static_cast<const uint16_t*>(k_rows.row_data(j0 + c)), k_rows.row_stride(),
                       E, S - j0 - c, 16, scale, ws.scores + c, kBlockKv);
@@ -231,7 +233,9 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
       }
       for (int64_t c = pair_begin; c < c_end; c += 16) {
         const int64_t n = std::min<int64_t>(16, c_end - c);
-        for (int64_t k = c; k < c + n; ++k) Prefetch(v_rows, std::min(j0 + k + kPrefetchRows, S - 1));
+        for (int64_t k = c; k < c + n; ++k) {
+          Prefetch(v_rows, std::min(j0 + k + kPrefetchRows, S - 1));
+        }
         Bf16AccumulateValues(ws.p_bf16 + c, rows, kBlockKv,
                              static_cast<const uint16_t*>(v_rows.row_data(j0 + c)),
                              v_rows.row_stride(), p.head_dim_vo, n, acc, ev_pad);
