@@ -95,6 +95,10 @@ __attribute__((target("avx512f,avx512bf16"))) inline void Bf16Gemm(
   }
 }
 
+// GCC 12's AVX-512 unpack and cast intrinsics use _mm512_undefined_*() internally, which
+// -Wmaybe-uninitialized reports wherever they are inlined; nothing is uninitialized.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 /// Lane k of the result = the sum of a[k]'s 16 lanes: a tree of in-block interleaves and
 /// block shuffles (45 instructions for 16 sums instead of 16 horizontal reductions).
 __attribute__((target("avx512f,avx512bf16"))) inline __m512 SumsOfLanes16(const __m512* a) {
@@ -250,5 +254,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void Bf16
     }
   }
 }
+
+#pragma GCC diagnostic pop
 
 }  // namespace sdpa::cpu

@@ -74,6 +74,10 @@ HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 0, 2);
 }
 
+// (GCC 12 reports the undefined vectors inside its AVX-512 unpack intrinsics as
+// maybe-uninitialized; see bf16_dot.h.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // Lane k of the result = the sum of acc[k]'s lanes, for N = Lanes(d) accumulators: a tree
 // of interleaves and adds (log2 N levels) in place of N horizontal sums, whose shuffles
 // dominated the scores of a few query rows.
@@ -113,6 +117,8 @@ HWY_INLINE hn::Vec<D> SumsOfLanes(D d, hn::Vec<D>* acc) {
   }
 #endif
 }
+
+#pragma GCC diagnostic pop
 
 // scores[r * kBlockKv + c] = q_r . key_c for rows r < rows and keys c in [c0, c1) (multiples
 // of the lane count), key_c being row c of `keys` (row length e_pad).
