@@ -5,7 +5,10 @@
 // runtime check (bf16_dot_available) and the flash forward calls them only then.
 //
 // Layouts (bf16 as uint16_t bits):
-//   A [m, 2 * depth_pairs] row-major (q rows, or P rows): a pair is two adjacent elements.
+//   A [m, 2 * depth_pairs]: pair d of row r (elements 2d, 2d + 1, adjacent) at
+//     A + r * lda + d * a_pair_stride; a_pair_stride = 2 is row-major (q rows, P rows),
+//     lda = 2 with a_pair_stride = 2 n' reads a transposed pair-packed [depth_pairs][n'][2]
+//     matrix (P^T and dS^T in the backward).
 //   B pair-packed [depth_pairs][n][2]: element (d, j) of the logical [2 * depth_pairs, n]
 //     matrix at B[(d / 2) * 2 n + 2 j + d % 2].
 //   C [m, n] float32, n a multiple of 16.
@@ -26,15 +29,34 @@ bool bf16_dot_available();
 __attribute__((target("avx512f,avx512bf16"))) inline void ConvertRowToBf16(
     const float* src, uint16_t* dst, int64_t n) {
   for (int64_t j = 0; j < n; j += 32) {
-    const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + j + 16), _mm512_loadu_ps(src + j));
+    const __m512bh pair =
+        _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + j + 16), _mm512_loadu_ps(src + j));
     _mm512_storeu_si512(dst + j, (__m512i)pair);
+  }
+}
+
+/// Two float32 rows as one row of bf16 pairs (round to nearest even): dst[2 j] = x[j],
+/// dst[2 j + 1] = y[j] (0 when y is null) for j < n, n a multiple of 16. Rows 2d and
+/// 2d + 1 of a matrix so paired form its pair-packed layout.
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void ConvertRowPairToBf16(
+    const float* x, const float* y, uint16_t* dst, int64_t n) {
+  alignas(64) uint16_t order[32];  // lane 2l <- x lane l (index l), 2l + 1 <- y (16 + l)
+  for (int l = 0; l < 16; ++l) {
+    order[2 * l] = static_cast<uint16_t>(l);
+    order[2 * l + 1] = static_cast<uint16_t>(16 + l);
+  }
+  const __m512i interleave = _mm512_load_si512(order);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __m512 yv = y ? _mm512_loadu_ps(y + j) : _mm512_setzero_ps();
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(yv, _mm512_loadu_ps(x + j));
+    _mm512_storeu_si512(dst + 2 * j, _mm512_permutexvar_epi16(interleave, both));
   }
 }
 
 template <int kRows, int kVecs>
 __attribute__((target("avx512f,avx512bf16"))) inline void Bf16MicroTile(
-    const uint16_t* a, int64_t lda, const uint16_t* b, int64_t n, float* c, int64_t ldc,
-    int64_t depth_pairs, bool accumulate) {
+    const uint16_t* a, int64_t lda, int64_t a_pair_stride, const uint16_t* b, int64_t n,
+    float* c, int64_t ldc, int64_t depth_pairs, bool accumulate) {
   __m512 acc[kRows][kVecs];
   for (int r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVecs; ++v) {
@@ -48,7 +70,7 @@ __attribute__((target("avx512f,avx512bf16"))) inline void Bf16MicroTile(
     }
     for (int r = 0; r < kRows; ++r) {
       int32_t pair;
-      std::memcpy(&pair, a + r * lda + 2 * d, sizeof pair);
+      std::memcpy(&pair, a + r * lda + d * a_pair_stride, sizeof pair);
       const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
       for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
     }
@@ -60,39 +82,48 @@ __attribute__((target("avx512f,avx512bf16"))) inline void Bf16MicroTile(
 
 template <int kVecs>
 __attribute__((target("avx512f,avx512bf16"))) inline void Bf16Panel(
-    int64_t m, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t n, float* c,
-    int64_t ldc, int64_t depth_pairs, bool accumulate) {
+    int64_t m, const uint16_t* a, int64_t lda, int64_t a_pair_stride, const uint16_t* b,
+    int64_t n, float* c, int64_t ldc, int64_t depth_pairs, bool accumulate) {
   int64_t r = 0;
   for (; r + 6 <= m; r += 6) {
-    Bf16MicroTile<6, kVecs>(a + r * lda, lda, b, n, c + r * ldc, ldc, depth_pairs, accumulate);
+    Bf16MicroTile<6, kVecs>(a + r * lda, lda, a_pair_stride, b, n, c + r * ldc, ldc,
+                            depth_pairs, accumulate);
   }
   a += r * lda;
   c += r * ldc;
+#define SDPA_BF16_PANEL_TAIL(R) \
+  return Bf16MicroTile<R, kVecs>(a, lda, a_pair_stride, b, n, c, ldc, depth_pairs, accumulate)
   switch (m - r) {
-    case 1: return Bf16MicroTile<1, kVecs>(a, lda, b, n, c, ldc, depth_pairs, accumulate);
-    case 2: return Bf16MicroTile<2, kVecs>(a, lda, b, n, c, ldc, depth_pairs, accumulate);
-    case 3: return Bf16MicroTile<3, kVecs>(a, lda, b, n, c, ldc, depth_pairs, accumulate);
-    case 4: return Bf16MicroTile<4, kVecs>(a, lda, b, n, c, ldc, depth_pairs, accumulate);
-    case 5: return Bf16MicroTile<5, kVecs>(a, lda, b, n, c, ldc, depth_pairs, accumulate);
+    case 1: SDPA_BF16_PANEL_TAIL(1);
+    case 2: SDPA_BF16_PANEL_TAIL(2);
+    case 3: SDPA_BF16_PANEL_TAIL(3);
+    case 4: SDPA_BF16_PANEL_TAIL(4);
+    case 5: SDPA_BF16_PANEL_TAIL(5);
     default: return;
   }
+#undef SDPA_BF16_PANEL_TAIL
 }
 
 /// C[m, n] (+)= A[m, 2 depth_pairs] . B (layouts above); 6 x 4-vector register tiles.
 __attribute__((target("avx512f,avx512bf16"))) inline void Bf16Gemm(
     int64_t m, int64_t n, int64_t depth_pairs, const uint16_t* a, int64_t lda,
-    const uint16_t* b, float* c, int64_t ldc, bool accumulate) {
+    const uint16_t* b, float* c, int64_t ldc, bool accumulate, int64_t a_pair_stride = 2) {
   int64_t v = 0;
   const int64_t vecs = n / 16;
   for (; v + 4 <= vecs; v += 4) {
-    Bf16Panel<4>(m, a, lda, b + 32 * v, n, c + 16 * v, ldc, depth_pairs, accumulate);
+    Bf16Panel<4>(m, a, lda, a_pair_stride, b + 32 * v, n, c + 16 * v, ldc, depth_pairs,
+                 accumulate);
   }
+#define SDPA_BF16_GEMM_TAIL(V) \
+  return Bf16Panel<V>(m, a, lda, a_pair_stride, b + 32 * v, n, c + 16 * v, ldc, depth_pairs, \
+                      accumulate)
   switch (vecs - v) {
-    case 1: return Bf16Panel<1>(m, a, lda, b + 32 * v, n, c + 16 * v, ldc, depth_pairs, accumulate);
-    case 2: return Bf16Panel<2>(m, a, lda, b + 32 * v, n, c + 16 * v, ldc, depth_pairs, accumulate);
-    case 3: return Bf16Panel<3>(m, a, lda, b + 32 * v, n, c + 16 * v, ldc, depth_pairs, accumulate);
+    case 1: SDPA_BF16_GEMM_TAIL(1);
+    case 2: SDPA_BF16_GEMM_TAIL(2);
+    case 3: SDPA_BF16_GEMM_TAIL(3);
     default: return;
   }
+#undef SDPA_BF16_GEMM_TAIL
 }
 
 // GCC 12's AVX-512 unpack and cast intrinsics use _mm512_undefined_*() internally, which

@@ -1,20 +1,23 @@
 // CPU flash backward: threading, scratch and the rowsum(dO o O) pre-pass. The SIMD work
 // is in flash_backward_tile.cc.
 
+#include <omp.h>
+
 #include <algorithm>
 #include <iterator>
+#include <optional>
 #include <vector>
 
 #include "core/parallel.h"
 #include "cpu/flash_backward_tile.h"
 #include "cpu/kernels.h"
-#include "cpu/pack.h"
+#include "cpu/pack_backward.h"
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
 
 FlashBackwardScratch::FlashBackwardScratch(const AttentionParams& params,
-                                           const FlexBackward* flex_grad)
+                                           const FlexBackward* flex_grad, bool bf16)
     : head_dim_qk_padded(round_up(params.head_dim_qk, kMaxLanes)),
       head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kMaxLanes)),
       flex(params.mask, kBlockKv) {
@@ -22,13 +25,27 @@ FlashBackwardScratch::FlashBackwardScratch(const AttentionParams& params,
     grad_rows.emplace(*flex_grad->program.program, flex_grad->program.captured, kBlockKv);
   }
   const int64_t e_pad = head_dim_qk_padded, ev_pad = head_dim_vo_padded;
-  const int64_t sizes[] = {kBlockQ * kBlockKv, kBlockQ * kBlockKv, kBlockKv * kBlockQ,
-                           kBlockKv * kBlockQ, kBlockKv * e_pad,   kBlockKv * ev_pad,
-                           kBlockQ * e_pad,    kBlockKv,
+  // The bf16 tiles hold two elements per float slot; the float32 path needs no transposes.
+  const int64_t tile = kBlockQ * kBlockKv, bf16_tile = bf16 ? tile / 2 : 0;
+  const int64_t sizes[] = {tile,
+                           tile,
+                           bf16 ? 0 : tile,
+                           bf16 ? 0 : tile,
+                           kBlockKv * e_pad,
+                           kBlockKv * ev_pad,
+                           kBlockQ * e_pad,
+                           kBlockKv,
                            std::max(params.head_dim_qk, params.head_dim_vo),
-                           kBlockQ * kBlockKv};
-  float** slots[] = {&probs, &dscores, &probs_t, &dscores_t, &dk,
-                     &dv,    &dq,      &keep,    &row,       &mod_input};
+                           tile,
+                           bf16_tile,
+                           bf16_tile,
+                           bf16_tile};
+  float* p_pairs_slot = nullptr;
+  float* ds_pairs_slot = nullptr;
+  float* ds_bf16_slot = nullptr;
+  float** slots[] = {&probs, &dscores, &probs_t,   &dscores_t,    &dk,           &dv,
+                     &dq,    &keep,    &row,       &mod_input,    &p_pairs_slot, &ds_pairs_slot,
+                     &ds_bf16_slot};
   static_assert(std::size(sizes) == std::size(slots));
   int64_t total = 0;
   for (int64_t s : sizes) total += round_up(s, kMaxLanes);
@@ -38,6 +55,9 @@ FlashBackwardScratch::FlashBackwardScratch(const AttentionParams& params,
     *slots[i] = next;
     next += round_up(sizes[i], kMaxLanes);
   }
+  p_pairs = reinterpret_cast<uint16_t*>(p_pairs_slot);
+  ds_pairs = reinterpret_cast<uint16_t*>(ds_pairs_slot);
+  ds_bf16 = reinterpret_cast<uint16_t*>(ds_bf16_slot);
 }
 
 namespace {
@@ -67,10 +87,63 @@ Tensor rowsum_dout_out(const AttentionParams& p) {
   return delta;
 }
 
+// Above this much per-thread memory (packed group + dQ) over all threads, heads are not
+// run whole by one thread.
+constexpr int64_t kHeadPassBytes = int64_t{1} << 30;
+
+// Whether each (batch, kv head) runs whole on one thread (FlashHeadBackward): the heads
+// must keep every thread busy (a multiple of the thread count, or enough of them that
+// dynamic scheduling evens out the rest) and each thread then holds one group's packed
+// copy and dQ. Both ways give the same bits, so this only chooses speed.
+bool use_head_pass(const AttentionParams& p, bool bf16, bool captured_grads) {
+  if (captured_grads) return false;
+  const int64_t threads = omp_get_max_threads(), heads = p.batch * p.num_heads_kv;
+  const int64_t dq_bytes =
+      4 * p.group_size() * p.q_len * round_up(p.head_dim_qk, kMaxLanes);
+  if (threads * (PackedBackwardGroup::bytes(p, bf16) + dq_bytes) > kHeadPassBytes) return false;
+  return heads % threads == 0 || heads >= 4 * threads;
+}
+
+void head_pass(const AttentionParams& p, bool bf16, const FlashBackwardKernels& kernels,
+               const float* d, FlexBackward* fg, detail::BackwardOutputs& out) {
+  detail::ParallelErrors errors;
+#pragma omp parallel
+  {
+    FlashBackwardScratch scratch(p, fg, bf16);
+    std::optional<PackedBackwardGroup> group;
+    Tensor dq_acc;
+    try {
+      group.emplace(p, bf16);
+      dq_acc = Tensor::empty({p.group_size() * p.q_len * group->e_pad()}, DType::kFloat32);
+    } catch (...) {
+      errors.capture();
+    }
+    const int64_t q_blocks = (p.q_len + kBlockQ - 1) / kBlockQ;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bhk = 0; bhk < p.batch * p.num_heads_kv; ++bhk) {
+      if (!group) continue;
+      try {
+        const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
+        for (int64_t t = 0; t < group->num_tiles(); ++t) group->pack_kv(p, b, hk, t, scratch.row);
+        for (int64_t qi = 0; qi < p.group_size() * q_blocks; ++qi) {
+          group->pack_q(p, b, hk, qi / q_blocks, (qi % q_blocks) * kBlockQ);
+        }
+        kernels.head(p, *group, d, fg, b, hk, scratch, dq_acc.data<float>(), out.grad_q,
+                     out.grad_k, out.grad_v);
+      } catch (...) {
+        errors.capture();
+      }
+    }
+  }
+  errors.rethrow();
+}
+
 }  // namespace
 
 void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
+  // Both read the calling thread's capability (a per-thread override in tests).
   const FlashBackwardKernels kernels = flash_backward_kernels_for(active_capability());
+  const bool bf16 = uses_bf16_dot(p);
   const Tensor delta = rowsum_dout_out(p);
   const float* d = delta.data<float>();
   const int64_t kv_blocks = (p.kv_len + kBlockKv - 1) / kBlockKv;
@@ -86,14 +159,17 @@ void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
     flex_grad->captured.emplace(flex_grad->program, p.mask.score_mod->captured(), chunks);
   }
   FlexBackward* fg = flex_grad ? &*flex_grad : nullptr;
-  PackedBackwardGroup group(p);
+  if (use_head_pass(p, bf16, fg && fg->captured->active())) {
+    return head_pass(p, bf16, kernels, d, fg, out);
+  }
+  PackedBackwardGroup group(p, bf16);
   detail::ParallelErrors errors;
   // Per (batch, kv head): pack, then pass 1 over its kv tiles, then pass 2 over the q
   // blocks of its query heads. Every item writes disjoint rows and sums in a fixed order,
   // so results are bit-identical for any thread count.
 #pragma omp parallel
   {
-    FlashBackwardScratch scratch(p, fg);
+    FlashBackwardScratch scratch(p, fg, bf16);
     for (int64_t bhk = 0; bhk < p.batch * p.num_heads_kv; ++bhk) {
       const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
 #pragma omp for schedule(static)
@@ -112,8 +188,8 @@ void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t jb = 0; jb < kv_blocks; ++jb) {
         try {
-          kernels.kv_block(p, group, d, fg, b, hk, jb * kBlockKv, scratch, out.grad_k,
-                           out.grad_v);
+          kernels.kv_block(p, group, d, fg, b, hk, jb * kBlockKv, scratch, nullptr,
+                           out.grad_k, out.grad_v);
         } catch (...) {
           errors.capture();
         }

@@ -1,5 +1,7 @@
 // Per-target bodies of the CPU flash backward (FlashAttention-2, Dao 2023, Algorithm 2):
 // P is recomputed from the forward's logsumexp, dS = P o (dP - D) with D = rowsum(dO o O).
+// bfloat16 inputs on vdpbf16ps CPUs multiply as bf16 with float32 sums; P and dS are
+// rounded to bf16 for their products, as FlashAttention's GPU kernels do.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_backward_tile.cc"
@@ -7,9 +9,10 @@
 
 #include <algorithm>
 
+#include "cpu/bf16_dot.h"
 #include "cpu/flash_backward_tile.h"
 #include "cpu/gemm-inl.h"
-#include "cpu/pack.h"
+#include "cpu/pack_backward.h"
 #include "cpu/philox.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/contrib/math/math-inl.h"
@@ -21,6 +24,13 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 namespace {
+
+// vdpbf16ps kernels exist only at the AVX512 level, the only one uses_bf16_dot() allows.
+#if HWY_TARGET == HWY_AVX3
+constexpr bool kBf16Target = true;
+#else
+constexpr bool kBf16Target = false;
+#endif
 
 // dscore (w.r.t. the score_mod's output) becomes the gradient w.r.t. its input; with
 // chunk >= 0 the captured tensors' gradients dscore * d(score_mod)/d(read) are scattered
@@ -65,10 +75,21 @@ void ProbsAndScoreGrads(const AttentionParams& p, const PackedBackwardGroup& gro
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t L = p.q_len, S = p.kv_len;
   const int64_t g = h % p.group_size(), tile = kv_begin / kBlockKv;
-  Gemm(rows, kBlockKv, p.head_dim_qk, group.q(g, q_begin), group.e_pad(), group.k_t(tile),
-       kBlockKv, ws.probs, kBlockKv, false);
-  Gemm(rows, kBlockKv, p.head_dim_vo, group.dout(g, q_begin), group.ev_pad(), group.v_t(tile),
-       kBlockKv, ws.dscores, kBlockKv, false);
+  if (kBf16Target && group.bf16()) {
+    Bf16Gemm(rows, kBlockKv, group.e2() / 2, group.q_bf16(g, q_begin), group.e2(),
+             group.k_dim_pairs(tile), ws.probs, kBlockKv, false);
+    Bf16Gemm(rows, kBlockKv, group.ev2() / 2, group.dout_bf16(g, q_begin), group.ev2(),
+             group.v_dim_pairs(tile), ws.dscores, kBlockKv, false);
+    // Unscaled bf16 q: the scale multiplies the float32 scores, as in the forward.
+    for (int64_t r = 0; r < rows; ++r) {
+      ScaleRow(ws.probs + r * kBlockKv, kBlockKv, static_cast<float>(p.scale));
+    }
+  } else {
+    Gemm(rows, kBlockKv, p.head_dim_qk, group.q(g, q_begin), group.e_pad(), group.k_t(tile),
+         kBlockKv, ws.probs, kBlockKv, false);
+    Gemm(rows, kBlockKv, p.head_dim_vo, group.dout(g, q_begin), group.ev_pad(),
+         group.v_t(tile), kBlockKv, ws.dscores, kBlockKv, false);
+  }
   const DenseMaskRows dense(p.mask, b, h);
   const int64_t row0 = (b * p.num_heads_q + h) * L;
   const float* lse = p.lse.data<float>();
@@ -118,12 +139,68 @@ void TransposeTile(const float* HWY_RESTRICT src, int64_t rows, int64_t cols,
   }
 }
 
+// dQ (unscaled) += dS k for one (q block, key tile) whose dS is in ws.dscores.
+void AccumulateGradQ(const PackedBackwardGroup& group, int64_t rows, int64_t kv_begin,
+                     int64_t cols, FlashBackwardScratch& ws, float* dq) {
+  const int64_t e_pad = group.e_pad(), tile = kv_begin / kBlockKv;
+  if (kBf16Target && group.bf16()) {
+    for (int64_t r = 0; r < rows; ++r) {
+      ConvertRowToBf16(ws.dscores + r * kBlockKv, ws.ds_bf16 + r * kBlockKv, kBlockKv);
+    }
+    Bf16Gemm(rows, e_pad, (cols + 1) / 2, ws.ds_bf16, kBlockKv, group.k_key_pairs(tile), dq,
+             e_pad, true);
+    return;
+  }
+  Gemm(rows, e_pad, cols, ws.dscores, kBlockKv, group.k(tile), e_pad, dq, e_pad, true);
+}
+
+// dV += (P o Z)^T dO and dK += dS^T q for one (q block, key tile) whose P o Z and dS are in
+// ws.probs / ws.dscores; in bf16 mode dK misses the scale (the caller applies it).
+void AccumulateGradKv(const PackedBackwardGroup& group, int64_t g, int64_t q_begin,
+                      int64_t rows, int64_t cols, FlashBackwardScratch& ws) {
+  const int64_t e_pad = group.e_pad(), ev_pad = group.ev_pad();
+  if (kBf16Target && group.bf16()) {
+    // P^T and dS^T as A operands read straight from pairs over the q rows: no transpose.
+    for (int64_t r = 0; r < rows; r += 2) {
+      const bool second = r + 1 < rows;
+      const float* p0 = ws.probs + r * kBlockKv;
+      const float* ds0 = ws.dscores + r * kBlockKv;
+      ConvertRowPairToBf16(p0, second ? p0 + kBlockKv : nullptr, ws.p_pairs + r * kBlockKv,
+                           kBlockKv);
+      ConvertRowPairToBf16(ds0, second ? ds0 + kBlockKv : nullptr, ws.ds_pairs + r * kBlockKv,
+                           kBlockKv);
+    }
+    const int64_t pairs = (rows + 1) / 2;
+    Bf16Gemm(cols, ev_pad, pairs, ws.p_pairs, 2, group.dout_row_pairs(g, q_begin), ws.dv,
+             ev_pad, true, 2 * kBlockKv);
+    Bf16Gemm(cols, e_pad, pairs, ws.ds_pairs, 2, group.q_row_pairs(g, q_begin), ws.dk, e_pad,
+             true, 2 * kBlockKv);
+    return;
+  }
+  TransposeTile(ws.probs, rows, cols, ws.probs_t);
+  TransposeTile(ws.dscores, rows, cols, ws.dscores_t);
+  Gemm(cols, ev_pad, rows, ws.probs_t, kBlockQ, group.dout(g, q_begin), ev_pad, ws.dv, ev_pad,
+       true);
+  Gemm(cols, e_pad, rows, ws.dscores_t, kBlockQ, group.q(g, q_begin), e_pad, ws.dk, e_pad,
+       true);
+}
+
+// grad_q rows [q_begin, q_begin + rows) of head h = scale * dq (rows e_pad floats apart).
+void StoreGradQ(const AttentionParams& p, int64_t b, int64_t h, int64_t q_begin, int64_t rows,
+                int64_t e_pad, float* dq, const Tensor& grad_q) {
+  const RowView dq_rows(grad_q, b, h);
+  for (int64_t r = 0; r < rows; ++r) {
+    ScaleRow(dq + r * e_pad, e_pad, static_cast<float>(p.scale));
+    dq_rows.store(q_begin + r, dq + r * e_pad);
+  }
+}
+
 }  // namespace
 
 void FlashKvBlockBackward(const AttentionParams& p, const PackedBackwardGroup& group,
                           const float* delta, FlexBackward* flex_grad, int64_t b, int64_t hk,
-                          int64_t kv_begin, FlashBackwardScratch& ws, const Tensor& grad_k,
-                          const Tensor& grad_v) {
+                          int64_t kv_begin, FlashBackwardScratch& ws, float* dq_acc,
+                          const Tensor& grad_k, const Tensor& grad_v) {
   const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
   const int64_t e_pad = group.e_pad(), ev_pad = group.ev_pad();
   std::fill(ws.dk, ws.dk + cols * e_pad, 0.0f);
@@ -135,17 +212,17 @@ void FlashKvBlockBackward(const AttentionParams& p, const PackedBackwardGroup& g
       const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
       if (kv_begin < tiles.first || kv_begin >= tiles.end) continue;
       ProbsAndScoreGrads(p, group, delta, flex_grad, -1, b, h, q_begin, rows, kv_begin, cols, ws);
-      TransposeTile(ws.probs, rows, cols, ws.probs_t);
-      TransposeTile(ws.dscores, rows, cols, ws.dscores_t);
-      // dV += (P o Z)^T dO;  dK += dS^T (q * scale).
-      Gemm(cols, ev_pad, rows, ws.probs_t, kBlockQ, group.dout(g, q_begin), ev_pad, ws.dv,
-           ev_pad, true);
-      Gemm(cols, e_pad, rows, ws.dscores_t, kBlockQ, group.q(g, q_begin), e_pad, ws.dk, e_pad,
-           true);
+      AccumulateGradKv(group, g, q_begin, rows, cols, ws);
+      // The same call as FlashQBlockBackward's, so the sums are bit-identical.
+      if (dq_acc) {
+        AccumulateGradQ(group, rows, kv_begin, cols, ws, dq_acc + (g * p.q_len + q_begin) * e_pad);
+      }
     }
   }
   const RowView dk_rows(grad_k, b, hk), dv_rows(grad_v, b, hk);
+  const bool unscaled_q = kBf16Target && group.bf16();
   for (int64_t c = 0; c < cols; ++c) {
+    if (unscaled_q) ScaleRow(ws.dk + c * e_pad, e_pad, static_cast<float>(p.scale));
     dk_rows.store(kv_begin + c, ws.dk + c * e_pad);
     dv_rows.store(kv_begin + c, ws.dv + c * ev_pad);
   }
@@ -163,15 +240,26 @@ void FlashQBlockBackward(const AttentionParams& p, const PackedBackwardGroup& gr
     const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
     ProbsAndScoreGrads(p, group, delta, flex_grad, chunk, b, h, q_begin, rows, kv_begin, cols,
                        ws);
-    // dQ += dS k (times scale below).
-    Gemm(rows, e_pad, cols, ws.dscores, kBlockKv, group.k(kv_begin / kBlockKv), e_pad, ws.dq,
-         e_pad, true);
+    AccumulateGradQ(group, rows, kv_begin, cols, ws, ws.dq);  // times scale below
   }
-  const RowView dq_rows(grad_q, b, h);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* dq = ws.dq + r * e_pad;
-    ScaleRow(dq, e_pad, static_cast<float>(p.scale));
-    dq_rows.store(q_begin + r, dq);
+  StoreGradQ(p, b, h, q_begin, rows, e_pad, ws.dq, grad_q);
+}
+
+void FlashHeadBackward(const AttentionParams& p, const PackedBackwardGroup& group,
+                       const float* delta, FlexBackward* flex_grad, int64_t b, int64_t hk,
+                       FlashBackwardScratch& ws, float* dq_acc, const Tensor& grad_q,
+                       const Tensor& grad_k, const Tensor& grad_v) {
+  const int64_t e_pad = group.e_pad();
+  std::fill(dq_acc, dq_acc + p.group_size() * p.q_len * e_pad, 0.0f);
+  for (int64_t kv_begin = 0; kv_begin < p.kv_len; kv_begin += kBlockKv) {
+    FlashKvBlockBackward(p, group, delta, flex_grad, b, hk, kv_begin, ws, dq_acc, grad_k,
+                         grad_v);
+  }
+  for (int64_t g = 0; g < p.group_size(); ++g) {
+    for (int64_t q_begin = 0; q_begin < p.q_len; q_begin += kBlockQ) {
+      StoreGradQ(p, b, hk * p.group_size() + g, q_begin, std::min(kBlockQ, p.q_len - q_begin),
+                 e_pad, dq_acc + (g * p.q_len + q_begin) * e_pad, grad_q);
+    }
   }
 }
 
@@ -185,17 +273,21 @@ namespace sdpa::cpu {
 FlashBackwardKernels flash_backward_kernels_for(Capability capability) {
   switch (capability) {
 #if HWY_TARGETS & HWY_AVX3
-    case Capability::kAVX512: return {&N_AVX3::FlashKvBlockBackward, &N_AVX3::FlashQBlockBackward};
+    case Capability::kAVX512: return {&N_AVX3::FlashKvBlockBackward, &N_AVX3::FlashQBlockBackward,
+                                          &N_AVX3::FlashHeadBackward};
 #endif
 #if HWY_TARGETS & HWY_AVX2
-    case Capability::kAVX2: return {&N_AVX2::FlashKvBlockBackward, &N_AVX2::FlashQBlockBackward};
+    case Capability::kAVX2: return {&N_AVX2::FlashKvBlockBackward, &N_AVX2::FlashQBlockBackward,
+                                          &N_AVX2::FlashHeadBackward};
 #endif
     default: break;
   }
 #if HWY_TARGETS & HWY_EMU128
-  return {&N_EMU128::FlashKvBlockBackward, &N_EMU128::FlashQBlockBackward};
+  return {&N_EMU128::FlashKvBlockBackward, &N_EMU128::FlashQBlockBackward,
+          &N_EMU128::FlashHeadBackward};
 #else
-  return {&N_SCALAR::FlashKvBlockBackward, &N_SCALAR::FlashQBlockBackward};
+  return {&N_SCALAR::FlashKvBlockBackward, &N_SCALAR::FlashQBlockBackward,
+          &N_SCALAR::FlashHeadBackward};
 #endif
 }
 

@@ -13,10 +13,6 @@
 
 namespace sdpa::cpu {
 
-/// One thread's float32 working set (E_pad, Ev_pad: head dims rounded up to kMaxLanes):
-///   probs / dscores [kBlockQ, kBlockKv], probs_t / dscores_t [kBlockKv, kBlockQ],
-///   dk / dv [kBlockKv, E_pad / Ev_pad], dq [kBlockQ, E_pad], keep [kBlockKv],
-///   row [max(E, Ev)], mod_input [kBlockQ, kBlockKv].
 /// The derivative of a flex score_mod and the accumulator of its captured tensors'
 /// gradients, shared by all threads of one backward call.
 struct FlexBackward {
@@ -24,8 +20,14 @@ struct FlexBackward {
   std::optional<flex::CapturedGrads> captured;
 };
 
+/// One thread's float32 working set (E_pad, Ev_pad: head dims rounded up to kMaxLanes):
+///   probs / dscores [kBlockQ, kBlockKv], probs_t / dscores_t [kBlockKv, kBlockQ]
+///   (float32 mode), dk / dv [kBlockKv, E_pad / Ev_pad], dq [kBlockQ, E_pad],
+///   keep [kBlockKv], row [max(E, Ev)], mod_input [kBlockQ, kBlockKv];
+/// in bf16 mode (PackedBackwardGroup::bf16) P and dS as bf16 pairs over the q rows,
+///   p_pairs / ds_pairs [kBlockQ / 2][kBlockKv][2], and dS rows ds_bf16 [kBlockQ, kBlockKv].
 struct FlashBackwardScratch {
-  FlashBackwardScratch(const AttentionParams& params, const FlexBackward* flex_grad);
+  FlashBackwardScratch(const AttentionParams& params, const FlexBackward* flex_grad, bool bf16);
   FlashBackwardScratch(const FlashBackwardScratch&) = delete;
   FlashBackwardScratch& operator=(const FlashBackwardScratch&) = delete;
 
@@ -33,6 +35,7 @@ struct FlashBackwardScratch {
   int64_t head_dim_vo_padded;
   float *probs, *dscores, *probs_t, *dscores_t;
   float *dk, *dv, *dq, *keep, *row;
+  uint16_t *p_pairs, *ds_pairs, *ds_bf16;
   float* mod_input;  // [kBlockQ, kBlockKv]: scores as score_mod saw them
   flex::RowState flex;
   std::optional<flex::RowBuffers> grad_rows;  // evaluates FlexBackward::program
@@ -45,12 +48,14 @@ class PackedBackwardGroup;
 
 /// Pass 1: grad_k / grad_v rows [kv_begin, kv_begin + kBlockKv) of kv head `hk`, summed
 /// over the query heads of its group (packed in `group`). `delta` is rowsum(dO o O),
-/// float32 [B, Hq, L].
+/// float32 [B, Hq, L]. A non-null `dq_acc` [group_size, L, E_pad] also receives this key
+/// tile's share of the group's unscaled dQ (FlashHeadBackward).
 using FlashKvBlockBackwardFn = void (*)(const AttentionParams& params,
                                         const PackedBackwardGroup& group, const float* delta,
                                         FlexBackward* flex_grad, int64_t b, int64_t hk,
                                         int64_t kv_begin, FlashBackwardScratch& scratch,
-                                        const Tensor& grad_k, const Tensor& grad_v);
+                                        float* dq_acc, const Tensor& grad_k,
+                                        const Tensor& grad_v);
 /// Pass 2: grad_q rows [q_begin, q_begin + kBlockQ) of head `h`; captured-tensor
 /// gradients go to `chunk` of flex_grad->captured.
 using FlashQBlockBackwardFn = void (*)(const AttentionParams& params,
@@ -59,9 +64,22 @@ using FlashQBlockBackwardFn = void (*)(const AttentionParams& params,
                                        int64_t h, int64_t q_begin,
                                        FlashBackwardScratch& scratch, const Tensor& grad_q);
 
+/// One pass over (b, hk): every key tile's grad_k / grad_v and, summed in `dq_acc`
+/// [group_size, L, E_pad] (scratch), grad_q of the group's query heads: five GEMMs per
+/// (q block, key tile) instead of the two passes' seven (pass 2 recomputes S and dP).
+/// Each dQ block sums the key tiles in the order pass 2 does, so both give the same bits.
+/// Not for flex calls with captured-tensor gradients (their chunks follow pass 2's order).
+using FlashHeadBackwardFn = void (*)(const AttentionParams& params,
+                                     const PackedBackwardGroup& group, const float* delta,
+                                     FlexBackward* flex_grad, int64_t b, int64_t hk,
+                                     FlashBackwardScratch& scratch, float* dq_acc,
+                                     const Tensor& grad_q, const Tensor& grad_k,
+                                     const Tensor& grad_v);
+
 struct FlashBackwardKernels {
   FlashKvBlockBackwardFn kv_block;
   FlashQBlockBackwardFn q_block;
+  FlashHeadBackwardFn head;
 };
 
 /// The backward bodies compiled for `capability`.

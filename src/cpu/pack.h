@@ -1,7 +1,8 @@
 #pragma once
 // Packing of q/k/v rows into float32 tiles for the flash kernels' GEMMs, and the packed
 // k/v of one (batch, kv head), converted once and shared by every q-block and every query
-// head of the GQA group (packing per q-block would cost as much as the q.k^T GEMM).
+// head of the GQA group (packing per q-block would cost as much as the q.k^T GEMM). The
+// backward's packing is in pack_backward.h.
 
 #include <algorithm>
 #include <atomic>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "cpu/flash_tile.h"
+#include "cpu/pack_bf16.h"
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
@@ -102,7 +104,9 @@ class PackedKv {
       const uint16_t* k_pairs = reinterpret_cast<const uint16_t*>(k_t);
       return {nullptr, nullptr, 0, k_pairs, k_pairs + round_up(head_dim_qk_, 2) * kBlockKv};
     }
-    if (!v_in_place_) return {k_t, k_t + head_dim_qk_ * kBlockKv, head_dim_vo_padded_};
+    if (!v_in_place_) {
+      return {k_t, k_t + head_dim_qk_ * kBlockKv, head_dim_vo_padded_, nullptr, nullptr};
+    }
     const float* v = p.v.data<float>() + b * p.v.stride(0) + hk * p.v.stride(1) +
                      tile * kBlockKv * p.v.stride(2);
     return {k_t, v, p.v.stride(2), nullptr, nullptr};
@@ -123,23 +127,15 @@ class PackedKv {
   }
 
   // bf16 bits of k and v rows [first, first + count) as vdpbf16ps pairs (bf16_dot.h):
-  // k pairs over the head dim, v pairs over the keys; padding is zero.
+  // k pairs over the head dim, v pairs over the keys; padding keys are zero.
   void pack_pairs(const AttentionParams& p, int64_t b, int64_t hk, int64_t first, int64_t count,
                   uint16_t* k_pairs) const {
-    const int64_t e2 = round_up(head_dim_qk_, 2), ev = head_dim_vo_padded_;
-    uint16_t* v_pairs = k_pairs + e2 * kBlockKv;
-    std::fill(k_pairs, k_pairs + (e2 + ev) * kBlockKv, uint16_t{0});
-    const RowView k(p.k, b, hk), v(p.v, b, hk);
-    for (int64_t c = 0; c < count; ++c) {
-      const uint16_t* k_row = static_cast<const uint16_t*>(k.row_data(first + c));
-      for (int64_t e = 0; e < head_dim_qk_; ++e) {
-        k_pairs[(e / 2) * 2 * kBlockKv + 2 * c + e % 2] = k_row[e * k.col_stride()];
-      }
-      const uint16_t* v_row = static_cast<const uint16_t*>(v.row_data(first + c));
-      for (int64_t e = 0; e < head_dim_vo_; ++e) {
-        v_pairs[(c / 2) * 2 * ev + 2 * e + c % 2] = v_row[e * v.col_stride()];
-      }
-    }
+    const int64_t ev = head_dim_vo_padded_;
+    uint16_t* v_pairs = k_pairs + round_up(head_dim_qk_, 2) * kBlockKv;
+    pack_bf16_dim_pairs(RowView(p.k, b, hk), first, count, head_dim_qk_, kBlockKv, k_pairs);
+    pack_bf16_row_pairs(RowView(p.v, b, hk), first, count, head_dim_vo_, ev, v_pairs);
+    const int64_t packed = count + count % 2;
+    std::fill(v_pairs + packed * ev, v_pairs + kBlockKv * ev, uint16_t{0});
   }
 
   float* base(int64_t tile) const { return buffer_.data<float>() + tile * tile_floats_; }
@@ -150,69 +146,6 @@ class PackedKv {
   Tensor buffer_;
   // Per tile: the generation that claimed packing it and the one whose packing finished.
   mutable std::vector<std::atomic<int64_t>> claimed_, ready_;
-};
-
-/// Everything the backward reads of one (batch, kv head) group, packed once as float32:
-/// per key tile k_t [E, kBlockKv], k [kBlockKv, E_pad] and v_t [Ev, kBlockKv]; per query
-/// head of the group q * scale [L, E_pad] and dO [L, Ev_pad]. Both backward passes visit
-/// every (q block, kv tile) pair, so packing inside them would repeat the conversion
-/// L / kBlockQ (or S / kBlockKv) times.
-class PackedBackwardGroup {
- public:
-  explicit PackedBackwardGroup(const AttentionParams& p)
-      : q_len_(p.q_len),
-        e_(p.head_dim_qk),
-        ev_(p.head_dim_vo),
-        e_pad_(round_up(p.head_dim_qk, kMaxLanes)),
-        ev_pad_(round_up(std::max<int64_t>(p.head_dim_vo, 1), kMaxLanes)),
-        tile_floats_(round_up(e_ * kBlockKv + kBlockKv * e_pad_ + ev_ * kBlockKv, kMaxLanes)),
-        head_floats_(round_up(p.q_len * (e_pad_ + ev_pad_), kMaxLanes)),
-        num_tiles_((p.kv_len + kBlockKv - 1) / kBlockKv),
-        kv_(Tensor::empty({std::max<int64_t>(num_tiles_ * tile_floats_, 1)}, DType::kFloat32)),
-        q_(Tensor::empty({std::max<int64_t>(p.group_size() * head_floats_, 1)},
-                         DType::kFloat32)) {}
-
-  int64_t num_tiles() const { return num_tiles_; }
-  int64_t e_pad() const { return e_pad_; }
-  int64_t ev_pad() const { return ev_pad_; }
-  const float* k_t(int64_t tile) const { return kv_base(tile); }
-  const float* k(int64_t tile) const { return kv_base(tile) + e_ * kBlockKv; }
-  const float* v_t(int64_t tile) const { return kv_base(tile) + e_ * kBlockKv + kBlockKv * e_pad_; }
-  /// Row `row` of query head `g` of the group (g < group_size).
-  const float* q(int64_t g, int64_t row) const { return q_base(g) + row * e_pad_; }
-  const float* dout(int64_t g, int64_t row) const {
-    return q_base(g) + q_rows_floats() + row * ev_pad_;
-  }
-
-  /// Packs key tile `tile` of (b, hk); `row_tmp` holds max(E, Ev) floats.
-  void pack_kv(const AttentionParams& p, int64_t b, int64_t hk, int64_t tile, float* row_tmp) {
-    const int64_t first = tile * kBlockKv, count = std::min(kBlockKv, p.kv_len - first);
-    float* k_t = kv_base(tile);
-    float* k = k_t + e_ * kBlockKv;
-    float* v_t = k + kBlockKv * e_pad_;
-    const RowView k_rows(p.k, b, hk);
-    pack_transposed(k_rows, first, count, e_, k_t, row_tmp);
-    pack_rows(k_rows, first, count, e_, e_pad_, k);
-    std::fill(k + count * e_pad_, k + kBlockKv * e_pad_, 0.0f);
-    pack_transposed(RowView(p.v, b, hk), first, count, ev_, v_t, row_tmp);
-  }
-
-  /// Packs rows [q_begin, q_begin + kBlockQ) of query head g of (b, hk)'s group.
-  void pack_q(const AttentionParams& p, int64_t b, int64_t hk, int64_t g, int64_t q_begin) {
-    const int64_t h = hk * p.group_size() + g, count = std::min(kBlockQ, p.q_len - q_begin);
-    float* base = q_base(g);
-    pack_rows(RowView(p.q, b, h), q_begin, count, e_, e_pad_, base + q_begin * e_pad_,
-              static_cast<float>(p.scale));
-    pack_rows(RowView(p.grad_out, b, h), q_begin, count, ev_, ev_pad_,
-              base + q_rows_floats() + q_begin * ev_pad_);
-  }
-
- private:
-  int64_t q_rows_floats() const { return q_len_ * e_pad_; }
-  float* kv_base(int64_t tile) const { return kv_.data<float>() + tile * tile_floats_; }
-  float* q_base(int64_t g) const { return q_.data<float>() + g * head_floats_; }
-  int64_t q_len_, e_, ev_, e_pad_, ev_pad_, tile_floats_, head_floats_, num_tiles_;
-  Tensor kv_, q_;
 };
 
 }  // namespace sdpa::cpu

@@ -38,6 +38,8 @@ class Determinism : public ::testing::TestWithParam<DetCase> {};
 
 FwdBwd run_once(const DetCase& c, int threads) {
   // Several q and kv blocks per head and a GQA group so threads really split the work.
+  // B * Hkv = 4: one and two threads run each head whole (FlashHeadBackward), three take
+  // the two-pass route, so the two are compared bit for bit too.
   const Tensor q = randn({2, 4, 200, 64}, c.dtype, 41);
   const Tensor k = randn({2, 2, 300, 64}, c.dtype, 42);
   const Tensor v = randn({2, 2, 300, 40}, c.dtype, 43);

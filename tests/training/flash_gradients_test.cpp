@@ -248,6 +248,9 @@ std::vector<SweepCase> sweep_cases() {
       C(257, 257, 64, 64).causal().dtype(D::kBFloat16).named("Half"),
       C(63, 1000, 128, 128).heads(1, 8, 2).dtype(D::kBFloat16).named("Half"),
       C(7, 65, 24, 80).mask(M::kBoolEmptyRows).dtype(D::kBFloat16).named("Half"),
+      // Odd head dims and odd row/key tails: padded pairs of the vdpbf16ps backward.
+      C(129, 67, 33, 17).heads(2, 6, 3).dtype(D::kBFloat16).named("Half"),
+      C(1, 257, 7, 9).causal().layout(Layout::kOffset).dtype(D::kBFloat16).named("Half"),
       C(257, 65, 80, 24).mask(M::kBool).dtype(D::kFloat16).named("Half"),
       C(1000, 63, 64, 64).causal().dtype(D::kFloat16).named("Half"),
       C(65, 63, 8, 8).heads(1, 6, 3).mask(M::kFloat).dtype(D::kFloat16).named("Half"),
