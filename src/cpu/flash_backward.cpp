@@ -25,12 +25,10 @@ FlashBackwardScratch::FlashBackwardScratch(const AttentionParams& params,
     grad_rows.emplace(*flex_grad->program.program, flex_grad->program.captured, kBlockKv);
   }
   const int64_t e_pad = head_dim_qk_padded, ev_pad = head_dim_vo_padded;
-  // The bf16 tiles hold two elements per float slot; the float32 path needs no transposes.
+  // The bf16 tiles hold two elements per float slot.
   const int64_t tile = kBlockQ * kBlockKv, bf16_tile = bf16 ? tile / 2 : 0;
   const int64_t sizes[] = {tile,
                            tile,
-                           bf16 ? 0 : tile,
-                           bf16 ? 0 : tile,
                            kBlockKv * e_pad,
                            kBlockKv * ev_pad,
                            kBlockQ * e_pad,
@@ -43,9 +41,8 @@ FlashBackwardScratch::FlashBackwardScratch(const AttentionParams& params,
   float* p_pairs_slot = nullptr;
   float* ds_pairs_slot = nullptr;
   float* ds_bf16_slot = nullptr;
-  float** slots[] = {&probs, &dscores, &probs_t,   &dscores_t,    &dk,           &dv,
-                     &dq,    &keep,    &row,       &mod_input,    &p_pairs_slot, &ds_pairs_slot,
-                     &ds_bf16_slot};
+  float** slots[] = {&probs,     &dscores,      &dk,           &dv,          &dq,  &keep, &row,
+                     &mod_input, &p_pairs_slot, &ds_pairs_slot, &ds_bf16_slot};
   static_assert(std::size(sizes) == std::size(slots));
   int64_t total = 0;
   for (int64_t s : sizes) total += round_up(s, kMaxLanes);

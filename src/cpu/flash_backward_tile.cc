@@ -131,14 +131,6 @@ void ProbsAndScoreGrads(const AttentionParams& p, const PackedBackwardGroup& gro
   }
 }
 
-// dst[c * kBlockQ + r] = src[r * kBlockKv + c] for r < rows, c < cols.
-void TransposeTile(const float* HWY_RESTRICT src, int64_t rows, int64_t cols,
-                   float* HWY_RESTRICT dst) {
-  for (int64_t c = 0; c < cols; ++c) {
-    for (int64_t r = 0; r < rows; ++r) dst[c * kBlockQ + r] = src[r * kBlockKv + c];
-  }
-}
-
 // dQ (unscaled) += dS k for one (q block, key tile) whose dS is in ws.dscores.
 void AccumulateGradQ(const PackedBackwardGroup& group, int64_t rows, int64_t kv_begin,
                      int64_t cols, FlashBackwardScratch& ws, float* dq) {
@@ -160,7 +152,7 @@ void AccumulateGradKv(const PackedBackwardGroup& group, int64_t g, int64_t q_beg
                       int64_t rows, int64_t cols, FlashBackwardScratch& ws) {
   const int64_t e_pad = group.e_pad(), ev_pad = group.ev_pad();
   if (kBf16Target && group.bf16()) {
-    // P^T and dS^T as A operands read straight from pairs over the q rows: no transpose.
+    // P^T and dS^T as A operands read from pairs over the q rows.
     for (int64_t r = 0; r < rows; r += 2) {
       const bool second = r + 1 < rows;
       const float* p0 = ws.probs + r * kBlockKv;
@@ -177,12 +169,11 @@ void AccumulateGradKv(const PackedBackwardGroup& group, int64_t g, int64_t q_beg
              true, 2 * kBlockKv);
     return;
   }
-  TransposeTile(ws.probs, rows, cols, ws.probs_t);
-  TransposeTile(ws.dscores, rows, cols, ws.dscores_t);
-  Gemm(cols, ev_pad, rows, ws.probs_t, kBlockQ, group.dout(g, q_begin), ev_pad, ws.dv, ev_pad,
-       true);
-  Gemm(cols, e_pad, rows, ws.dscores_t, kBlockQ, group.q(g, q_begin), e_pad, ws.dk, e_pad,
-       true);
+  // P^T and dS^T read in place: element (c, r) at r * kBlockKv + c.
+  Gemm(cols, ev_pad, rows, ws.probs, 1, group.dout(g, q_begin), ev_pad, ws.dv, ev_pad, true,
+       kBlockKv);
+  Gemm(cols, e_pad, rows, ws.dscores, 1, group.q(g, q_begin), e_pad, ws.dk, e_pad, true,
+       kBlockKv);
 }
 
 // grad_q rows [q_begin, q_begin + rows) of head h = scale * dq (rows e_pad floats apart).

@@ -21,9 +21,8 @@ struct FlexBackward {
 };
 
 /// One thread's float32 working set (E_pad, Ev_pad: head dims rounded up to kMaxLanes):
-///   probs / dscores [kBlockQ, kBlockKv], probs_t / dscores_t [kBlockKv, kBlockQ]
-///   (float32 mode), dk / dv [kBlockKv, E_pad / Ev_pad], dq [kBlockQ, E_pad],
-///   keep [kBlockKv], row [max(E, Ev)], mod_input [kBlockQ, kBlockKv];
+///   probs / dscores [kBlockQ, kBlockKv], dk / dv [kBlockKv, E_pad / Ev_pad],
+///   dq [kBlockQ, E_pad], keep [kBlockKv], row [max(E, Ev)], mod_input [kBlockQ, kBlockKv];
 /// in bf16 mode (PackedBackwardGroup::bf16) P and dS as bf16 pairs over the q rows,
 ///   p_pairs / ds_pairs [kBlockQ / 2][kBlockKv][2], and dS rows ds_bf16 [kBlockQ, kBlockKv].
 struct FlashBackwardScratch {
@@ -33,7 +32,7 @@ struct FlashBackwardScratch {
 
   int64_t head_dim_qk_padded;
   int64_t head_dim_vo_padded;
-  float *probs, *dscores, *probs_t, *dscores_t;
+  float *probs, *dscores;
   float *dk, *dv, *dq, *keep, *row;
   uint16_t *p_pairs, *ds_pairs, *ds_bf16;
   float* mod_input;  // [kBlockQ, kBlockKv]: scores as score_mod saw them

@@ -1,6 +1,8 @@
-// Register-blocked float32 GEMM for attention tiles: C[M, N] (+)= A[M, K] . B[K, N], all
-// row-major, N a multiple of the vector width. Serves both q.k^T (B = packed k^T) and
-// P.v (B = packed v). Per-target code: include after foreach_target.h.
+// Register-blocked float32 GEMM for attention tiles: C[M, N] (+)= A[M, K] . B[K, N], B and
+// C row-major, N a multiple of the vector width; A is read through two strides, so a
+// transposed A (P^T, dS^T in the backward) needs no copy. Serves q.k^T (B = packed k^T),
+// P.v (B = packed v) and the backward's products. Per-target code: include after
+// foreach_target.h.
 
 #if defined(SDPA_CPU_GEMM_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef SDPA_CPU_GEMM_INL_H_
@@ -35,7 +37,7 @@ inline constexpr int64_t kGemmVecs = 2;
 static_assert(kGemmRows <= 6);
 
 template <int64_t kRows, int64_t kVecs>
-HWY_INLINE void GemmMicroTile(const float* HWY_RESTRICT a, int64_t lda,
+HWY_INLINE void GemmMicroTile(const float* HWY_RESTRICT a, int64_t lda, int64_t a_step,
                               const float* HWY_RESTRICT b, int64_t ldb, float* HWY_RESTRICT c,
                               int64_t ldc, int64_t depth, bool accumulate) {
   const hn::ScalableTag<float> d;
@@ -51,7 +53,7 @@ HWY_INLINE void GemmMicroTile(const float* HWY_RESTRICT a, int64_t lda,
     V bv[kVecs];
     for (int64_t v = 0; v < kVecs; ++v) bv[v] = hn::LoadU(d, b + k * ldb + v * lanes);
     for (int64_t r = 0; r < kRows; ++r) {
-      const V av = hn::Set(d, a[r * lda + k]);
+      const V av = hn::Set(d, a[r * lda + k * a_step]);
       for (int64_t v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
     }
   }
@@ -62,11 +64,11 @@ HWY_INLINE void GemmMicroTile(const float* HWY_RESTRICT a, int64_t lda,
 
 // All row blocks of one column panel of kVecs vectors.
 template <int64_t kVecs>
-HWY_INLINE void GemmPanel(int64_t m, const float* a, int64_t lda, const float* b, int64_t ldb,
-                          float* c, int64_t ldc, int64_t depth, bool accumulate) {
+HWY_INLINE void GemmPanel(int64_t m, const float* a, int64_t lda, int64_t a_step, const float* b,
+                          int64_t ldb, float* c, int64_t ldc, int64_t depth, bool accumulate) {
   int64_t r = 0;
   for (; r + kGemmRows <= m; r += kGemmRows) {
-    GemmMicroTile<kGemmRows, kVecs>(a + r * lda, lda, b, ldb, c + r * ldc, ldc, depth,
+    GemmMicroTile<kGemmRows, kVecs>(a + r * lda, lda, a_step, b, ldb, c + r * ldc, ldc, depth,
                                     accumulate);
   }
   // The remaining rows in one shorter micro-tile (one row at a time would make the loop
@@ -74,36 +76,45 @@ HWY_INLINE void GemmPanel(int64_t m, const float* a, int64_t lda, const float* b
   const int64_t left = m - r;
   a += r * lda;
   c += r * ldc;
+#define SDPA_GEMM_ROWS_TAIL(R) \
+  return GemmMicroTile<R, kVecs>(a, lda, a_step, b, ldb, c, ldc, depth, accumulate)
   switch (left) {
-    case 1: return GemmMicroTile<1, kVecs>(a, lda, b, ldb, c, ldc, depth, accumulate);
-    case 2: return GemmMicroTile<2, kVecs>(a, lda, b, ldb, c, ldc, depth, accumulate);
-    case 3: return GemmMicroTile<3, kVecs>(a, lda, b, ldb, c, ldc, depth, accumulate);
-    case 4: return GemmMicroTile<4, kVecs>(a, lda, b, ldb, c, ldc, depth, accumulate);
-    case 5: return GemmMicroTile<5, kVecs>(a, lda, b, ldb, c, ldc, depth, accumulate);
+    case 1: SDPA_GEMM_ROWS_TAIL(1);
+    case 2: SDPA_GEMM_ROWS_TAIL(2);
+    case 3: SDPA_GEMM_ROWS_TAIL(3);
+    case 4: SDPA_GEMM_ROWS_TAIL(4);
+    case 5: SDPA_GEMM_ROWS_TAIL(5);
     default: return;
   }
+#undef SDPA_GEMM_ROWS_TAIL
 }
 
-/// C[m, n] = A[m, depth] . B[depth, n] (+ C when accumulate); n % Lanes == 0.
+/// C[m, n] = A[m, depth] . B[depth, n] (+ C when accumulate); n % Lanes == 0. A[r][k] is
+/// a[r * lda + k * a_step]: a_step = 1 is row-major, lda = 1 reads a transposed matrix.
 HWY_INLINE void Gemm(int64_t m, int64_t n, int64_t depth, const float* a, int64_t lda,
-                     const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                     const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+                     int64_t a_step = 1) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t vecs = n / lanes;
   int64_t v = 0;
   for (; v + kGemmVecs <= vecs; v += kGemmVecs) {
-    GemmPanel<kGemmVecs>(m, a, lda, b + v * lanes, ldb, c + v * lanes, ldc, depth, accumulate);
+    GemmPanel<kGemmVecs>(m, a, lda, a_step, b + v * lanes, ldb, c + v * lanes, ldc, depth,
+                         accumulate);
   }
   // The remaining vectors in one narrower panel (one vector per panel would make the loop
   // broadcast-bound: kGemmRows broadcasts per kGemmRows FMAs).
   const float* bv = b + v * lanes;
   float* cv = c + v * lanes;
+#define SDPA_GEMM_VECS_TAIL(V) \
+  return GemmPanel<V>(m, a, lda, a_step, bv, ldb, cv, ldc, depth, accumulate)
   switch (vecs - v) {
-    case 1: return GemmPanel<1>(m, a, lda, bv, ldb, cv, ldc, depth, accumulate);
-    case 2: return GemmPanel<2>(m, a, lda, bv, ldb, cv, ldc, depth, accumulate);
-    case 3: return GemmPanel<3>(m, a, lda, bv, ldb, cv, ldc, depth, accumulate);
+    case 1: SDPA_GEMM_VECS_TAIL(1);
+    case 2: SDPA_GEMM_VECS_TAIL(2);
+    case 3: SDPA_GEMM_VECS_TAIL(3);
     default: return;
   }
+#undef SDPA_GEMM_VECS_TAIL
 }
 
 /// Per-row support of a tile's scores: row r of the tile can be nonzero only in columns
