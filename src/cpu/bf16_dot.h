@@ -53,14 +53,18 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void ConvertRowPai
   }
 }
 
-template <int kRows, int kVecs>
+// The accumulate flag is a template argument: as a runtime one it made GCC spill and
+// reload all accumulators around the depth loop.
+template <int kRows, int kVecs, bool kAccumulate>
 __attribute__((target("avx512f,avx512bf16"))) inline void Bf16MicroTile(
     const uint16_t* a, int64_t lda, int64_t a_pair_stride, const uint16_t* b, int64_t n,
-    float* c, int64_t ldc, int64_t depth_pairs, bool accumulate) {
+    float* c, int64_t ldc, int64_t depth_pairs) {
   __m512 acc[kRows][kVecs];
+#pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
     for (int v = 0; v < kVecs; ++v) {
-      acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
+      acc[r][v] = kAccumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
     }
   }
   for (int64_t d = 0; d < depth_pairs; ++d) {
@@ -75,7 +79,9 @@ __attribute__((target("avx512f,avx512bf16"))) inline void Bf16MicroTile(
       for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
     }
   }
+#pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
     for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
   }
 }
@@ -85,14 +91,16 @@ __attribute__((target("avx512f,avx512bf16"))) inline void Bf16Panel(
     int64_t m, const uint16_t* a, int64_t lda, int64_t a_pair_stride, const uint16_t* b,
     int64_t n, float* c, int64_t ldc, int64_t depth_pairs, bool accumulate) {
   int64_t r = 0;
+  const auto tile = accumulate ? &Bf16MicroTile<6, kVecs, true> : &Bf16MicroTile<6, kVecs, false>;
   for (; r + 6 <= m; r += 6) {
-    Bf16MicroTile<6, kVecs>(a + r * lda, lda, a_pair_stride, b, n, c + r * ldc, ldc,
-                            depth_pairs, accumulate);
+    tile(a + r * lda, lda, a_pair_stride, b, n, c + r * ldc, ldc, depth_pairs);
   }
   a += r * lda;
   c += r * ldc;
-#define SDPA_BF16_PANEL_TAIL(R) \
-  return Bf16MicroTile<R, kVecs>(a, lda, a_pair_stride, b, n, c, ldc, depth_pairs, accumulate)
+#define SDPA_BF16_PANEL_TAIL(R)                                                               \
+  return accumulate                                                                           \
+             ? Bf16MicroTile<R, kVecs, true>(a, lda, a_pair_stride, b, n, c, ldc, depth_pairs) \
+             : Bf16MicroTile<R, kVecs, false>(a, lda, a_pair_stride, b, n, c, ldc, depth_pairs)
   switch (m - r) {
     case 1: SDPA_BF16_PANEL_TAIL(1);
     case 2: SDPA_BF16_PANEL_TAIL(2);
