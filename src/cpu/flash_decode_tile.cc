@@ -17,6 +17,7 @@
 #include "cpu/flash_decode.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/philox.h"
+#include "cpu/reduce_lanes-inl.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/highway.h"
 
@@ -74,52 +75,6 @@ HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 0, 2);
 }
 
-// (GCC 12 reports the undefined vectors inside its AVX-512 unpack intrinsics as
-// maybe-uninitialized; see bf16_dot.h.)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// Lane k of the result = the sum of acc[k]'s lanes, for N = Lanes(d) accumulators: a tree
-// of interleaves and adds (log2 N levels) in place of N horizontal sums, whose shuffles
-// dominated the scores of a few query rows.
-template <class D>
-HWY_INLINE hn::Vec<D> SumsOfLanes(D d, hn::Vec<D>* acc) {
-#if HWY_TARGET == HWY_SCALAR
-  (void)d;
-  return acc[0];
-#else
-  using V = hn::Vec<D>;
-  constexpr size_t N = hn::MaxLanes(d);
-  static_assert(N == 4 || N == 8 || N == 16, "SumsOfLanes: 128-bit blocks of 4 floats");
-  const hn::Repartition<uint64_t, D> d64;
-  V t[N / 2];  // per 128-bit block: pair sums of acc[2k] and acc[2k + 1]
-  for (size_t k = 0; k < N / 2; ++k) {
-    t[k] = hn::Add(hn::InterleaveLower(d, acc[2 * k], acc[2 * k + 1]),
-                   hn::InterleaveUpper(d, acc[2 * k], acc[2 * k + 1]));
-  }
-  V u[N / 4];  // u[m], block j: block j's sums of acc[4m] .. acc[4m + 3]
-  for (size_t m = 0; m < N / 4; ++m) {
-    const auto x = hn::BitCast(d64, t[2 * m]), y = hn::BitCast(d64, t[2 * m + 1]);
-    u[m] = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, x, y)),
-                   hn::BitCast(d, hn::InterleaveUpper(d64, x, y)));
-  }
-  if constexpr (N == 4) {
-    return u[0];
-  } else if constexpr (N == 8) {
-    return hn::Add(hn::ConcatLowerLower(d, u[1], u[0]), hn::ConcatUpperUpper(d, u[1], u[0]));
-  } else {
-#if HWY_TARGET == HWY_AVX3
-    const V v01 = hn::Add(hn::ConcatLowerLower(d, u[1], u[0]), hn::ConcatUpperUpper(d, u[1], u[0]));
-    const V v23 = hn::Add(hn::ConcatLowerLower(d, u[3], u[2]), hn::ConcatUpperUpper(d, u[3], u[2]));
-    // Even and odd 128-bit blocks of (v01, v23).
-    return hn::Add(V{_mm512_shuffle_f32x4(v01.raw, v23.raw, _MM_SHUFFLE(2, 0, 2, 0))},
-                   V{_mm512_shuffle_f32x4(v01.raw, v23.raw, _MM_SHUFFLE(3, 1, 3, 1))});
-#endif
-  }
-#endif
-}
-
-#pragma GCC diagnostic pop
-
 // scores[r * kBlockKv + c] = q_r . key_c for rows r < rows and keys c in [c0, c1) (multiples
 // of the lane count), key_c being row c of `keys` (row length e_pad).
 HWY_INLINE void ScoreKeys(const float* HWY_RESTRICT q, int64_t rows, const float* HWY_RESTRICT keys,
@@ -138,7 +93,7 @@ HWY_INLINE void ScoreKeys(const float* HWY_RESTRICT q, int64_t rows, const float
           acc[k] = hn::MulAdd(qv, hn::LoadU(d, key + k * e_pad + e), acc[k]);
         }
       }
-      hn::StoreU(SumsOfLanes(d, acc), d, scores + r * kBlockKv + c);
+      hn::StoreU(ReduceLanesTree(d, acc, AddLanes()), d, scores + r * kBlockKv + c);
     }
   }
 }
@@ -182,6 +137,10 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
   std::fill(row_max, row_max + rows, kNegInf);
   std::fill(row_sum, row_sum + rows, 0.0f);
   if (visible.empty()) return;
+  // SoftmaxTile's running state, in whole vectors of rows; copied out at the end.
+  HWY_ALIGN float max_rows[kDecodeMaxRows], sum_rows[kDecodeMaxRows], alpha[kDecodeMaxRows];
+  std::fill(max_rows, max_rows + kDecodeMaxRows, kNegInf);
+  std::fill(sum_rows, sum_rows + kDecodeMaxRows, 0.0f);
 
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   for (int64_t j0 = visible.begin / kBlockKv * kBlockKv; j0 < visible.end; j0 += kBlockKv) {
@@ -219,15 +178,19 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t h = hk * G + r / L, i = r % L;
-      float* s = ws.scores + r * kBlockKv;
       // Columns outside [c_begin, c_end) are outside every row's keys: MaskScoreRow sets
       // them (and every other masked key) to -inf.
-      MaskScoreRow(p, DenseMaskRows(p.mask, b, h), &ws.flex, b, h, i, ws.row_keys[r], j0, cols, s);
-      const float alpha = SoftmaxRowUpdate(s, 0, kBlockKv, row_max[r], row_sum[r]);
-      if (alpha != 1.0f) ScaleRow(acc + r * ev_pad, ev_pad, alpha);
+      MaskScoreRow(p, DenseMaskRows(p.mask, b, h), &ws.flex, b, h, i, ws.row_keys[r], j0, cols,
+                   ws.scores + r * kBlockKv);
+    }
+    SoftmaxTile(ws.scores, rows, nullptr, 1.0f, max_rows, sum_rows, alpha);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (alpha[r] != 1.0f) ScaleRow(acc + r * ev_pad, ev_pad, alpha[r]);
       if (p.has_dropout()) {
+        const int64_t h = hk * G + r / L, i = r % L;
         const int64_t element = ((b * p.num_heads_q + h) * L + i) * S + j0;
-        DropoutStream(p.dropout.philox, p.dropout.p).apply(static_cast<uint64_t>(element), s, cols);
+        DropoutStream(p.dropout.philox, p.dropout.p)
+            .apply(static_cast<uint64_t>(element), ws.scores + r * kBlockKv, cols);
       }
     }
     if (bf16_values) {
@@ -258,6 +221,8 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
            ws.tile + c_begin * ev_pad, ev_pad, acc, ev_pad, true);
     }
   }
+  std::copy(max_rows, max_rows + rows, row_max);
+  std::copy(sum_rows, sum_rows + rows, row_sum);
 }
 
 }  // namespace HWY_NAMESPACE

@@ -52,8 +52,9 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     pack_rows(q_rows, q_begin, rows, E, E, ws.q, scale);
   }
   std::fill(ws.acc, ws.acc + rows * ev_pad, 0.0f);
-  std::fill(ws.row_max, ws.row_max + rows, kNegInf);
-  std::fill(ws.row_sum, ws.row_sum + rows, 0.0f);
+  // All kBlockQ entries: SoftmaxTile reads whole vectors of rows.
+  std::fill(ws.row_max, ws.row_max + kBlockQ, kNegInf);
+  std::fill(ws.row_sum, ws.row_sum + kBlockQ, 0.0f);
 
   for (int64_t r = 0; r < rows; ++r) {
     ws.row_keys[r] = row_columns(p.mask, b, q_begin + r, L, S);
@@ -92,10 +93,16 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
         trimmed = trimmed || begin[r] > 0 || end[r] < cols;
       }
     }
+    // Scores still to be multiplied by the scale: the softmax folds it into its exponent.
+    float score_scale = 1.0f;
     if (bf16) {
 #if HWY_TARGET == HWY_AVX3
       Bf16Gemm(rows, kBlockKv, e2 / 2, ws.q_bf16, e2, t.k_pairs, ws.scores, kBlockKv, false);
-      ScaleRow(ws.scores, rows * kBlockKv, scale);
+      if (needs_mask || !(scale > 0.0f)) {  // masks add to scaled scores
+        ScaleRow(ws.scores, rows * kBlockKv, scale);
+      } else {
+        score_scale = scale;
+      }
 #endif
     } else if (trimmed) {
       GemmRowSupport(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, support);
@@ -107,20 +114,21 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     if (tile_score_mod) {
       ScoreModTile(p, dense, ws.flex, b, h, q_begin, rows, keys, j0, cols, ws.scores);
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = q_begin + r;
-      float* s = ws.scores + r * kBlockKv;
-      if (needs_mask) {
-        MaskScoreRow(p, dense, &ws.flex, b, h, i, keys[r], j0, cols, s, nullptr,
-                     {tile_score_mod, blocks_applied[r]});
+    if (needs_mask) {
+      for (int64_t r = 0; r < rows; ++r) {
+        MaskScoreRow(p, dense, &ws.flex, b, h, q_begin + r, keys[r], j0, cols,
+                     ws.scores + r * kBlockKv, nullptr, {tile_score_mod, blocks_applied[r]});
       }
-      const float alpha = trimmed
-                              ? SoftmaxRowUpdate(s, begin[r], end[r], ws.row_max[r], ws.row_sum[r])
-                              : SoftmaxRowUpdate(s, 0, kBlockKv, ws.row_max[r], ws.row_sum[r]);
-      if (alpha != 1.0f) ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha);
+    }
+    float alpha[kBlockQ];
+    SoftmaxTile(ws.scores, rows, trimmed ? &support : nullptr, score_scale, ws.row_max,
+                ws.row_sum, alpha);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (alpha[r] != 1.0f) ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha[r]);
       if (p.has_dropout()) {
-        const int64_t element = ((b * p.num_heads_q + h) * L + i) * S + j0;
-        DropoutStream(p.dropout.philox, p.dropout.p).apply(static_cast<uint64_t>(element), s, cols);
+        const int64_t element = ((b * p.num_heads_q + h) * L + q_begin + r) * S + j0;
+        DropoutStream(p.dropout.philox, p.dropout.p)
+            .apply(static_cast<uint64_t>(element), ws.scores + r * kBlockKv, cols);
       }
     }
 

@@ -14,7 +14,9 @@
 
 #include "cpu/flash_tile.h"
 #include "cpu/mask_rows.h"
+#include "cpu/gemm-inl.h"
 #include "cpu/pack.h"
+#include "cpu/reduce_lanes-inl.h"
 #include "cpu/rows.h"
 #include "flex/eval_row-inl.h"
 #include "hwy/highway.h"
@@ -155,15 +157,12 @@ HWY_INLINE bool TileNeedsMask(const AttentionParams& p, const flex::RowState* fl
   return false;
 }
 
-/// exp(x) for softmax arguments (x <= ~0): 2^(x log2 e) by a degree-6 Taylor polynomial
-/// of 2^f on f in [-0.5, 0.5] (relative error < 2e-7) and the exponent by bit shifting;
-/// exactly 0 below -87 (so -inf, a masked score, gives 0). Cheaper than a general exp,
-/// which matters because the softmax shares the FMA ports with the GEMMs.
+// 2^t for t in [-126, 127] (clamped): a degree-6 Taylor polynomial of 2^f on f in
+// [-0.5, 0.5] (relative error < 2e-7) times 2^round(t) built by bit shifting.
 template <class D, class V>
-HWY_INLINE V FastExp(D d, V x) {
+HWY_INLINE V Exp2Clamped(D d, V t) {
   const hn::RebindToSigned<D> di;
-  const V t = hn::Min(hn::Max(hn::Mul(x, hn::Set(d, 1.44269504088896341f)), hn::Set(d, -126.0f)),
-                      hn::Set(d, 127.0f));
+  t = hn::Min(hn::Max(t, hn::Set(d, -126.0f)), hn::Set(d, 127.0f));
   const V n = hn::Round(t);
   const V f = hn::Sub(t, n);
   V poly = hn::Set(d, 1.5403530393381606e-4f);
@@ -174,8 +173,26 @@ HWY_INLINE V FastExp(D d, V x) {
   poly = hn::MulAdd(poly, f, hn::Set(d, 6.9314718055994531e-1f));
   poly = hn::MulAdd(poly, f, hn::Set(d, 1.0f));
   const auto exponent = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
-  const V result = hn::Mul(poly, hn::BitCast(d, exponent));
+  return hn::Mul(poly, hn::BitCast(d, exponent));
+}
+
+inline constexpr float kLog2e = 1.44269504088896341f;
+
+/// exp(x) for softmax arguments (x <= ~0) as 2^(x log2 e); exactly 0 below -87 (so -inf,
+/// a masked score, gives 0). Cheaper than a general exp, which matters because the
+/// softmax shares the FMA ports with the GEMMs.
+template <class D, class V>
+HWY_INLINE V FastExp(D d, V x) {
+  const V result = Exp2Clamped(d, hn::Mul(x, hn::Set(d, kLog2e)));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), result);
+}
+
+/// 2^t for t <= ~0, exactly 0 below -125.5 (= -87 log2 e; -inf gives 0). The softmax
+/// passes t = s * (scale log2 e) - max * log2 e for unscaled scores: the scale and log2 e
+/// fold into one FMA (FlashAttention's exp2 trick).
+template <class D, class V>
+HWY_INLINE V FastExp2(D d, V t) {
+  return hn::IfThenZeroElse(hn::Lt(t, hn::Set(d, -125.5f)), Exp2Clamped(d, t));
 }
 
 /// row[0, n) *= factor; n a multiple of the vector width.
@@ -187,42 +204,77 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
   }
 }
 
-/// Online-softmax update of one score row (Milakov & Gimelshein 2018; FlashAttention-2):
-/// turns scores into unnormalized probabilities relative to the new running max, rescales
-/// the running sum and returns the factor the output accumulator must be scaled by.
-/// Only columns [begin, end) can hold finite scores (the row's support in this tile; the
-/// rest is -inf): the work covers the vectors spanning them and the rest is zeroed.
-/// Returns 1 and leaves the row all zero when the row has no finite score yet.
-HWY_INLINE float SoftmaxRowUpdate(float* HWY_RESTRICT s, int64_t begin, int64_t end, float& row_max,
-                                  float& row_sum) {
+/// Online-softmax update of rows [0, rows) of a score tile (Milakov & Gimelshein 2018;
+/// FlashAttention-2): row r (s + r * kBlockKv, scores times `score_scale` > 0) becomes
+/// unnormalized probabilities relative to the new running max row_max[r] (scaled units),
+/// row_sum[r] is rescaled and increased, and alpha[r] gets the factor the output
+/// accumulator's row must be scaled by (1 when the row has no finite score yet, its
+/// probabilities then all 0). With `support`, row r can hold finite scores only in
+/// columns [begin[r], end[r]); the work covers the vectors spanning them and zeroes the
+/// rest. row_max, row_sum and alpha hold round_up(rows, Lanes) entries (rows past `rows`
+/// keep -inf maxes). The rows' maxes and sums are reduced Lanes rows at a time by one tree
+/// (ReduceLanesTree) instead of one horizontal reduction per row.
+HWY_INLINE void SoftmaxTile(float* HWY_RESTRICT s, int64_t rows, const RowSupport* support,
+                            float score_scale, float* HWY_RESTRICT row_max,
+                            float* HWY_RESTRICT row_sum, float* HWY_RESTRICT alpha) {
   const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t first = begin / lanes * lanes;
-  const int64_t last = std::max(first, (end + lanes - 1) / lanes * lanes);
-  auto vmax = hn::Set(d, kNegInf);
-  for (int64_t j = first; j < last; j += lanes) vmax = hn::Max(vmax, hn::LoadU(d, s + j));
-  const float tile_max = hn::GetLane(hn::MaxOfLanes(d, vmax));
-  const float new_max = std::max(row_max, tile_max);
-  std::fill(s, s + first, 0.0f);
-  std::fill(s + last, s + kBlockKv, 0.0f);
-  if (new_max == kNegInf) {
-    std::fill(s + first, s + last, 0.0f);
-    return 1.0f;
+  const V neg_inf = hn::Set(d, kNegInf);
+  for (int64_t r0 = 0; r0 < rows; r0 += N) {
+    int64_t first[N], last[N];
+    V v[N];
+    for (int64_t k = 0; k < N; ++k) {
+      const int64_t r = r0 + k;
+      first[k] = last[k] = 0;
+      if (r < rows) {
+        first[k] = support ? support->begin[r] / lanes * lanes : 0;
+        last[k] = support ? std::max(first[k], (support->end[r] + lanes - 1) / lanes * lanes)
+                          : kBlockKv;
+      }
+      v[k] = neg_inf;
+      for (int64_t j = first[k]; j < last[k]; j += lanes) {
+        v[k] = hn::Max(v[k], hn::LoadU(d, s + r * kBlockKv + j));
+      }
+    }
+    const V old_max = hn::LoadU(d, row_max + r0);
+    const V new_max =
+        hn::Max(old_max, hn::Mul(ReduceLanesTree(d, v, MaxLanes()), hn::Set(d, score_scale)));
+    const auto seen = hn::Ne(new_max, neg_inf);
+    // 0 for a row's first finite scores (its accumulator is still 0), 1 while none.
+    const V a = hn::IfThenElse(seen, FastExp(d, hn::Sub(old_max, new_max)), hn::Set(d, 1.0f));
+    hn::StoreU(a, d, alpha + r0);
+    hn::StoreU(new_max, d, row_max + r0);
+    HWY_ALIGN float maxes[N];
+    hn::Store(new_max, d, maxes);
+    const V c = hn::Set(d, score_scale * kLog2e);
+    for (int64_t k = 0; k < N; ++k) {
+      const int64_t r = r0 + k;
+      v[k] = hn::Zero(d);
+      if (r >= rows) continue;
+      float* row = s + r * kBlockKv;
+      std::fill(row, row + first[k], 0.0f);
+      std::fill(row + last[k], row + kBlockKv, 0.0f);
+      if (maxes[k] == kNegInf) {
+        std::fill(row + first[k], row + last[k], 0.0f);
+        continue;
+      }
+      const V m = hn::Set(d, maxes[k]);
+      const V off = hn::Mul(m, hn::Set(d, kLog2e));
+      for (int64_t j = first[k]; j < last[k]; j += lanes) {
+        // Already scaled scores subtract the max first: exact for the huge finite values a
+        // float mask may add (-1e30), where max * log2 e would overflow.
+        const V x = hn::LoadU(d, row + j);
+        const V e = score_scale == 1.0f ? FastExp(d, hn::Sub(x, m))
+                                        : FastExp2(d, hn::MulSub(x, c, off));
+        hn::StoreU(e, d, row + j);
+        v[k] = hn::Add(v[k], e);
+      }
+    }
+    const V sums = ReduceLanesTree(d, v, AddLanes());
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, row_sum + r0), a, sums), d, row_sum + r0);
   }
-  const auto vnew_max = hn::Set(d, new_max);
-  // FastExp, not std::exp: the libm call per row and tile took 2% of a windowed call's profile.
-  const float alpha =
-      row_max == kNegInf ? 0.0f : hn::GetLane(FastExp(d, hn::Set(d, row_max - new_max)));
-  auto vsum = hn::Zero(d);
-  for (int64_t j = first; j < last; j += lanes) {
-    // FastExp returns exactly 0 for -inf (masked) scores.
-    const auto e = FastExp(d, hn::Sub(hn::LoadU(d, s + j), vnew_max));
-    hn::StoreU(e, d, s + j);
-    vsum = hn::Add(vsum, e);
-  }
-  row_sum = row_sum * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
-  row_max = new_max;
-  return alpha;
 }
 
 /// The key tiles [first, end) (multiples of kBlockKv from first) that any of query rows
