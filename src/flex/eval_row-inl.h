@@ -200,26 +200,26 @@ HWY_INLINE void MapFloat(const View<float>& x, float* HWY_RESTRICT out, const Pa
 /// dominated soft-capping score_mods.
 template <class D, class V>
 HWY_INLINE V FastTanh(D d, V x) {
-  const V a = hn::Abs(x);
-  const V a2 = hn::Mul(a, a);
+  // The odd polynomial on x itself (exactly odd: no abs and sign restore needed).
+  const V x2 = hn::Mul(x, x);
   V poly = hn::Set(d, -6.287600915043896e-3f);
-  poly = hn::MulAdd(poly, a2, hn::Set(d, 2.1082018617073817e-2f));
-  poly = hn::MulAdd(poly, a2, hn::Set(d, -5.3855110696803404e-2f));
-  poly = hn::MulAdd(poly, a2, hn::Set(d, 1.333261678740885e-1f));
-  poly = hn::MulAdd(poly, a2, hn::Set(d, -3.333331865002002e-1f));
-  const V small = hn::MulAdd(hn::Mul(a2, a), poly, a);
-  const auto is_small = hn::Lt(a, hn::Set(d, 0.55f));
+  poly = hn::MulAdd(poly, x2, hn::Set(d, 2.1082018617073817e-2f));
+  poly = hn::MulAdd(poly, x2, hn::Set(d, -5.3855110696803404e-2f));
+  poly = hn::MulAdd(poly, x2, hn::Set(d, 1.333261678740885e-1f));
+  poly = hn::MulAdd(poly, x2, hn::Set(d, -3.333331865002002e-1f));
+  const V small = hn::MulAdd(hn::Mul(x2, x), poly, x);
+  const auto is_small = hn::Lt(x2, hn::Set(d, 0.55f * 0.55f));  // false for NaN
   // Soft-capped scores are mostly far below the cap: skip the exponential branch then.
-  if (hn::AllTrue(d, is_small)) return hn::CopySignToAbs(small, x);
+  if (hn::AllTrue(d, is_small)) return small;
+  const V a = hn::Abs(x);
   const V one = hn::Set(d, 1.0f);
   const V e = hn::Exp(d, hn::Mul(a, hn::Set(d, -2.0f)));  // in (0, 1]: no overflow
   const V den = hn::Add(one, e);
   V r = hn::ApproximateReciprocal(den);
   r = hn::Mul(r, hn::NegMulAdd(den, r, hn::Set(d, 2.0f)));  // one Newton step
   r = hn::Mul(r, hn::NegMulAdd(den, r, hn::Set(d, 2.0f)));  // 14 -> 28 -> full bits
-  const V big = hn::Mul(hn::Sub(one, e), r);
-  const V t = hn::IfThenElse(is_small, small, big);
-  return hn::IfThenElse(hn::IsNaN(x), x, hn::CopySignToAbs(t, x));
+  const V big = hn::CopySignToAbs(hn::Mul(hn::Sub(one, e), r), x);
+  return hn::IfThenElse(hn::IsNaN(x), x, hn::IfThenElse(is_small, small, big));
 }
 
 /// out(r, j) = x(r, j) / y(r, j). A divisor uniform over a row becomes a multiplication by
@@ -391,10 +391,10 @@ HWY_INLINE void IntDivide(RowBuffers& buf, const View<int64_t>& x, const View<in
 }
 
 /// Evaluates instruction `k` in pass `p` into its own storage.
-HWY_INLINE void EvalInstr(RowBuffers& buf, int32_t k, const Pass& p) {
+HWY_INLINE void EvalInstr(RowBuffers& buf, int32_t k, const Pass& p, float* out = nullptr) {
   const CompiledProgram& prog = *buf.program;
   const Instr& in = prog.code[k];
-  float* fo = buf.fvals(k);
+  float* fo = out ? out : buf.fvals(k);
   int64_t* io = buf.ivals(k);
   const bool is_float = in.type == ValueType::kFloat;
   // Operands of comparisons / where / min / max may be float or int.
@@ -634,6 +634,34 @@ inline HWY_NOINLINE void EvaluateScoreRows(RowBuffers& buf, int64_t row, int64_t
   for (int32_t k : buf.score_code) EvalInstr(buf, k, pass);
 }
 
+/// Whether the program's result is the last score-shaped float instruction, which can then
+/// be evaluated straight into the score rows (ScoreModInPlace).
+HWY_INLINE bool ResultInPlace(const RowBuffers& buf) {
+  const int32_t result = buf.program->result;
+  return !buf.score_code.empty() && buf.score_code.back() == result &&
+         buf.program->code[result].type == ValueType::kFloat;
+}
+
+/// EvaluateScoreRows for a ResultInPlace program whose result replaces lanes [lo[r],
+/// hi[r]) of the scores themselves (lanes of the covering vectors outside them are
+/// overwritten too): every instruction before the result has read the scores by then,
+/// and the result's element-wise operation reads each lane before writing it.
+inline HWY_NOINLINE void ScoreModInPlace(RowBuffers& buf, int64_t row, int64_t rows,
+                                         float* scores, int64_t score_stride,
+                                         const int64_t* lo, const int64_t* hi) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (RowHasBad(buf, row + r, lo[r], hi[r])) {
+      ReportBadRow(buf, scores + r * score_stride, row + r, lo[r], hi[r]);
+    }
+  }
+  const Pass pass{Shape::kScore, rows, 0, 0, buf.lanes, row, scores, score_stride, lo, hi};
+  const size_t last = buf.score_code.size() - 1;
+  for (size_t i = 0; i < last; ++i) EvalInstr(buf, buf.score_code[i], pass);
+  Pass to_scores = pass;
+  to_scores.out_stride = score_stride;
+  EvalInstr(buf, buf.score_code[last], to_scores, scores);
+}
+
 /// One score row of EvaluateScoreRows.
 HWY_INLINE void EvaluateScoreRow(RowBuffers& buf, int64_t row, const float* scores, int64_t lo,
                                  int64_t hi) {
@@ -690,6 +718,8 @@ HWY_INLINE void ApplyScoreModRows(RowBuffers& buf, float* s, int64_t s_stride, i
           return hn::MulAdd(hn::Set(d, sign), Lanes(d, xr, j), hn::LoadU(d, sr + j));
         });
       }
+    } else if (ResultInPlace(buf)) {  // saves a copy pass over the tile
+      ScoreModInPlace(buf, row, n, sc, s_stride, l, u);
     } else {
       EvaluateScoreRows(buf, row, n, sc, s_stride, l, u);
       const View<float> result = ViewOf<float>(buf, buf.program->result, pass);
