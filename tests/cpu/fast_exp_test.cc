@@ -1,0 +1,97 @@
+// FastExp / FastExp2 / Exp2Clamped (src/cpu/fast_exp-inl.h) against std::exp2 in double
+// on every SIMD target this CPU runs: the softmax of every CPU flash kernel rests on them.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/fast_exp_test.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu/fast_exp-inl.h"
+#include "hwy/aligned_allocator.h"
+#include "hwy/highway.h"
+#include "hwy/tests/hwy_gtest.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Applies `fn` to x[i] one vector at a time; x.size() a multiple of the lanes.
+template <class Fn>
+std::vector<float> Map(const std::vector<float>& x, Fn fn) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); i += lanes) {
+    hn::StoreU(fn(d, hn::LoadU(d, x.data() + i)), d, y.data() + i);
+  }
+  return y;
+}
+
+// Every 1/64 in [-131, 131] (exact binary fractions, so ties at half-integers occur),
+// plus values just around the clamp points; padded to a multiple of the lanes.
+std::vector<float> Arguments() {
+  std::vector<float> t;
+  for (int i = -131 * 64; i <= 131 * 64; ++i) t.push_back(static_cast<float>(i) / 64.0f);
+  for (float edge : {-126.0f, -125.5f, 127.0f, -87.0f}) {
+    t.push_back(std::nextafter(edge, -1e9f));
+    t.push_back(std::nextafter(edge, 1e9f));
+  }
+  while (t.size() % 64 != 0) t.push_back(0.3f);
+  return t;
+}
+
+void TestExp2Clamped() {
+  const std::vector<float> t = Arguments();
+  const std::vector<float> y = Map(t, [](auto d, auto v) { return Exp2Clamped(d, v); });
+  for (size_t i = 0; i < t.size(); ++i) {
+    const double clamped = std::fmin(std::fmax(static_cast<double>(t[i]), -126.0), 127.0);
+    const double want = std::exp2(clamped);
+    ASSERT_NEAR(y[i] / want, 1.0, 4e-7) << "t = " << t[i];
+  }
+}
+
+void TestFastExp2() {
+  const std::vector<float> t = Arguments();
+  const std::vector<float> y = Map(t, [](auto d, auto v) { return FastExp2(d, v); });
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] < -125.5f) {
+      ASSERT_EQ(y[i], 0.0f) << "t = " << t[i];
+    } else if (t[i] <= 127.0f) {
+      ASSERT_NEAR(y[i] / std::exp2(static_cast<double>(t[i])), 1.0, 4e-7) << "t = " << t[i];
+    }
+  }
+}
+
+void TestFastExp() {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x = {-inf, -1e30f, -88.0f, -87.5f, -20.0f, -1.0f, -1e-3f, 0.0f};
+  for (int i = 0; i <= 87 * 32; ++i) x.push_back(-static_cast<float>(i) / 32.0f);
+  while (x.size() % 64 != 0) x.push_back(-0.7f);
+  const std::vector<float> y = Map(x, [](auto d, auto v) { return FastExp(d, v); });
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] < -87.0f) {
+      ASSERT_EQ(y[i], 0.0f) << "x = " << x[i];  // masked scores give exact zeros
+    } else {
+      // x * log2e is rounded to float first: the error grows with |x| (|x| <= 87).
+      ASSERT_NEAR(y[i] / std::exp(static_cast<double>(x[i])), 1.0, 4e-7 + 1.2e-7 * -x[i])
+          << "x = " << x[i];
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace sdpa::cpu {
+HWY_BEFORE_TEST(FastExpTest);
+HWY_EXPORT_AND_TEST_P(FastExpTest, TestExp2Clamped);
+HWY_EXPORT_AND_TEST_P(FastExpTest, TestFastExp2);
+HWY_EXPORT_AND_TEST_P(FastExpTest, TestFastExp);
+}  // namespace sdpa::cpu
+#endif  // HWY_ONCE
