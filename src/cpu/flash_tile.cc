@@ -32,6 +32,7 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
   const RowView q_rows(p.q, b, h);
   const DenseMaskRows dense(p.mask, b, h);
   const float scale = static_cast<float>(p.scale);
+  const bool alibi = !p.mask.alibi_slopes.empty();  // added per tile by AlibiTile
 
 #if HWY_TARGET == HWY_AVX3
   const bool bf16 = ws.bf16_dot;
@@ -98,7 +99,7 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     if (bf16) {
 #if HWY_TARGET == HWY_AVX3
       Bf16Gemm(rows, kBlockKv, e2 / 2, ws.q_bf16, e2, t.k_pairs, ws.scores, kBlockKv, false);
-      if (needs_mask || !(scale > 0.0f)) {  // masks add to scaled scores
+      if (needs_mask || alibi || !(scale > 0.0f)) {  // masks and biases add to scaled scores
         ScaleRow(ws.scores, rows * kBlockKv, scale);
       } else {
         score_scale = scale;
@@ -110,14 +111,16 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
       Gemm(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, false);
     }
 
+    if (alibi) AlibiTile(p, h, q_begin, rows, j0, ws.scores);
     const bool tile_score_mod = needs_mask && ws.flex.score_mod.has_value();
     if (tile_score_mod) {
-      ScoreModTile(p, dense, ws.flex, b, h, q_begin, rows, keys, j0, cols, ws.scores);
+      ScoreModTile(p, dense, ws.flex, b, h, q_begin, rows, keys, j0, cols, ws.scores, alibi);
     }
     if (needs_mask) {
       for (int64_t r = 0; r < rows; ++r) {
         MaskScoreRow(p, dense, &ws.flex, b, h, q_begin + r, keys[r], j0, cols,
-                     ws.scores + r * kBlockKv, nullptr, {tile_score_mod, blocks_applied[r]});
+                     ws.scores + r * kBlockKv, nullptr,
+                     {tile_score_mod, blocks_applied[r], alibi});
       }
     }
     float alpha[kBlockQ];

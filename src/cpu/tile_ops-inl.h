@@ -29,29 +29,49 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-/// Adds the additive terms (dense float mask over [lo, hi), ALiBi) to score row s of query
-/// row i of (b, h) over key tile [j0, j0 + kBlockKv).
+/// s[j] -= slope * |offset + j| for j in [0, kBlockKv): the ALiBi bias of a score row whose
+/// first key lies `offset` keys from the row's diagonal. The distances are integers held
+/// exactly in float and advanced by one addition per vector.
+HWY_INLINE void AddAlibiRow(float* HWY_RESTRICT s, float slope, int64_t offset) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto neg_slope = hn::Set(d, -slope);
+  const auto step = hn::Set(d, static_cast<float>(lanes));
+  auto position = hn::Iota(d, static_cast<float>(offset));
+  for (int64_t j = 0; j < kBlockKv; j += lanes) {
+    hn::StoreU(hn::MulAdd(neg_slope, hn::Abs(position), hn::LoadU(d, s + j)), d, s + j);
+    position = hn::Add(position, step);
+  }
+}
+
+/// Adds the ALiBi bias to rows [0, rows) of a score tile (query rows q_begin + r of head h,
+/// key tile [j0, j0 + kBlockKv), rows of kBlockKv floats) in one pass, so that tiles which
+/// need no masking otherwise skip MaskScoreRow. Lanes outside a row's keys get a bias too;
+/// MaskScoreRow overwrites them when the tile needs masking.
+HWY_INLINE void AlibiTile(const AttentionParams& p, int64_t h, int64_t q_begin, int64_t rows,
+                          int64_t j0, float* HWY_RESTRICT scores) {
+  const AlibiRow first = alibi_row(p.mask, h, q_begin, p.q_len, p.kv_len);
+  for (int64_t r = 0; r < rows; ++r) {
+    AddAlibiRow(scores + r * kBlockKv, first.slope, j0 - (first.center + r));
+  }
+}
+
+/// Adds the additive terms (dense float mask over [lo, hi), ALiBi unless `alibi_done`) to
+/// score row s of query row i of (b, h) over key tile [j0, j0 + kBlockKv).
 HWY_INLINE void AddScoreTerms(const AttentionParams& p, const DenseMaskRows& dense, int64_t h,
                               int64_t i, int64_t j0, int64_t lo, int64_t hi,
-                              float* HWY_RESTRICT s) {
+                              float* HWY_RESTRICT s, bool alibi_done = false) {
   if (dense.additive()) dense.apply(i, j0 + lo, hi - lo, s + lo);
   const AlibiRow alibi = alibi_row(p.mask, h, i, p.q_len, p.kv_len);
-  if (alibi.active) {
-    // s[j] -= slope * |j0 + j - center|; lanes outside [lo, hi) are masked afterwards.
-    const hn::ScalableTag<float> d;
-    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-    const auto neg_slope = hn::Set(d, -alibi.slope);
-    for (int64_t j = 0; j < kBlockKv; j += lanes) {
-      const auto distance = hn::Abs(hn::Iota(d, static_cast<float>(j0 + j - alibi.center)));
-      hn::StoreU(hn::MulAdd(neg_slope, distance, hn::LoadU(d, s + j)), d, s + j);
-    }
-  }
+  // Lanes outside [lo, hi) are masked afterwards.
+  if (alibi.active && !alibi_done) AddAlibiRow(s, alibi.slope, j0 - alibi.center);
 }
 
 /// The parts of MaskScoreRow a caller already did for the whole tile.
 struct TileMaskDone {
   bool score_mod = false;  // additive terms and score_mod (ScoreModTile)
   bool blocks = false;     // BlockMask: `keep` is exactly its kept keys (FlexRowSupport)
+  bool alibi = false;      // the ALiBi bias (AlibiTile)
 };
 
 /// Masks score row s[0, kBlockKv) = columns [j0, j0 + kBlockKv) of query row i of
@@ -69,7 +89,7 @@ HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dens
   const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
   const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
   if (!done.score_mod) {
-    AddScoreTerms(p, dense, h, i, j0, lo, hi, s);
+    AddScoreTerms(p, dense, h, i, j0, lo, hi, s, done.alibi);
     if (mod_input) std::copy(s, s + kBlockKv, mod_input);
     if (flex_state && flex_state->score_mod && hi > lo) {
       flex::HWY_NAMESPACE::ApplyScoreMod(*flex_state->score_mod, s, b, h, i, j0, lo, hi);
@@ -96,16 +116,18 @@ HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dens
 
 /// MaskScoreRow's additive terms and score_mod for the rows of a tile at once (rows
 /// q_begin + r, r < rows, with keys keys[r]; scores rows of kBlockKv floats): the
-/// score_mod runs one evaluation per chunk of rows instead of one per row.
+/// score_mod runs one evaluation per chunk of rows instead of one per row. `alibi_done`:
+/// AlibiTile already added the ALiBi bias.
 HWY_INLINE void ScoreModTile(const AttentionParams& p, const DenseMaskRows& dense,
                              flex::RowState& flex_state, int64_t b, int64_t h, int64_t q_begin,
                              int64_t rows, const ColumnRange* keys, int64_t j0, int64_t cols,
-                             float* HWY_RESTRICT scores) {
+                             float* HWY_RESTRICT scores, bool alibi_done) {
   int64_t lo[kBlockQ], hi[kBlockQ];
   for (int64_t r = 0; r < rows; ++r) {
     lo[r] = std::clamp<int64_t>(keys[r].begin - j0, 0, cols);
     hi[r] = std::clamp<int64_t>(keys[r].end - j0, lo[r], cols);
-    AddScoreTerms(p, dense, h, q_begin + r, j0, lo[r], hi[r], scores + r * kBlockKv);
+    AddScoreTerms(p, dense, h, q_begin + r, j0, lo[r], hi[r], scores + r * kBlockKv,
+                  alibi_done);
   }
   flex::HWY_NAMESPACE::ApplyScoreModRows(*flex_state.score_mod, scores, kBlockKv, b, h, q_begin,
                                          rows, j0, lo, hi);
@@ -144,11 +166,12 @@ HWY_INLINE bool FlexRowSupport(flex::RowState& flex_state, int64_t b, int64_t h,
 }
 
 /// Whether rows with key ranges `ranges[0, rows)` need MaskScoreRow on key tile
-/// [j0, j0 + kBlockKv): false when the call has no per-element mask part and every row
-/// keeps the whole tile (a full tile: nothing to mask).
+/// [j0, j0 + kBlockKv): false when the call has no per-element mask part other than ALiBi
+/// (which the caller adds with AlibiTile) and every row keeps the whole tile (a full tile:
+/// nothing to mask).
 HWY_INLINE bool TileNeedsMask(const AttentionParams& p, const flex::RowState* flex_state,
                               const ColumnRange* ranges, int64_t rows, int64_t j0) {
-  if (p.mask.dense_kind != DenseMaskKind::kNone || !p.mask.alibi_slopes.empty() ||
+  if (p.mask.dense_kind != DenseMaskKind::kNone ||
       (flex_state && flex_state->active()) || j0 + kBlockKv > p.kv_len) {
     return true;
   }
