@@ -19,17 +19,17 @@ bool use_decode_path(const AttentionParams& p) {
 }
 
 DecodeScratch::DecodeScratch(const AttentionParams& params)
-    : head_dim_qk_padded(round_up(params.head_dim_qk, kMaxLanes)),
-      head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kMaxLanes)),
-      bf16_keys(uses_bf16_dot(params) && params.k.dtype() == DType::kBFloat16 &&
-                params.k.stride(3) == 1),
-      bf16_values(bf16_keys && params.v.dtype() == DType::kBFloat16 && params.v.stride(3) == 1),
-      head_dim_qk_pad32(round_up(params.head_dim_qk, 32)),
+    : head_dim_qk_padded(round_up(params.head_dim_qk, kDecodeRowPad)),
+      head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kDecodeRowPad)),
+      bf16_key_rows(params.k.dtype() == DType::kBFloat16 && params.k.stride(3) == 1),
+      bf16_value_rows(params.v.dtype() == DType::kBFloat16 && params.v.stride(3) == 1),
       flex(params.mask, kBlockKv) {
+  bf16_keys = uses_bf16_dot(params) && bf16_key_rows;
+  bf16_values = bf16_keys && bf16_value_rows;
   // The bf16 slots hold two elements per float.
   const int64_t sizes[] = {kDecodeMaxRows * head_dim_qk_padded, kDecodeMaxRows * kBlockKv,
                            kBlockKv * std::max(head_dim_qk_padded, head_dim_vo_padded),
-                           bf16_keys ? kDecodeMaxRows * head_dim_qk_pad32 / 2 : 0,
+                           bf16_keys ? kDecodeMaxRows * head_dim_qk_padded / 2 : 0,
                            bf16_values ? kDecodeMaxRows * kBlockKv / 2 : 0};
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
@@ -49,7 +49,7 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
   const int64_t L = p.q_len, G = p.group_size(), rows = G * L;
   const int64_t groups = p.batch * p.num_heads_kv;
   const int64_t chunks = (p.kv_len + kDecodeChunk - 1) / kDecodeChunk;
-  const int64_t ev_pad = round_up(std::max<int64_t>(p.head_dim_vo, 1), kMaxLanes);
+  const int64_t ev_pad = round_up(std::max<int64_t>(p.head_dim_vo, 1), kDecodeRowPad);
   if (groups * rows == 0) return;
   const DecodeChunkFn chunk_fn = decode_chunk_for(active_capability());
 

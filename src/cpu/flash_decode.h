@@ -18,6 +18,9 @@ namespace sdpa::cpu {
 
 /// Keys per split-KV chunk (a multiple of kBlockKv).
 inline constexpr int64_t kDecodeChunk = 512;
+/// Padding of the decode path's float32 rows (q, value accumulators): a whole split block
+/// (two vectors) of the widest target, and one vdpbf16ps input of 32 bf16.
+inline constexpr int64_t kDecodeRowPad = 2 * kMaxLanes;
 /// Most query rows per kv head (GQA group size x L) the decode path takes: it computes
 /// scores as per-row dot products, which beat the tile GEMMs only for a few rows.
 inline constexpr int64_t kDecodeMaxRows = 16;
@@ -28,20 +31,22 @@ bool use_decode_path(const AttentionParams& params);
 /// One thread's float32 working set for decode items.
 struct DecodeScratch {
   explicit DecodeScratch(const AttentionParams& params);
-  int64_t head_dim_qk_padded, head_dim_vo_padded;
+  int64_t head_dim_qk_padded, head_dim_vo_padded;  ///< rounded up to kDecodeRowPad
   /// Scores through vdpbf16ps (uses_bf16_dot) from key rows read in place, when the keys
   /// are bfloat16 rows of unit stride; q then also as bf16 bits, unscaled.
   bool bf16_keys;
   /// P.v through vdpbf16ps from value rows read in place (bf16_keys and bfloat16 values
   /// of unit stride); P is rounded to bf16, as the FLASH forward's bf16 path does.
   bool bf16_values;
-  int64_t head_dim_qk_pad32;  ///< E rounded up to 32 (one vdpbf16ps input)
-  uint16_t* q_bf16;           ///< [rows, E_pad32] when bf16_keys
-  uint16_t* p_bf16;           ///< [rows, kBlockKv] when bf16_values
-  float* q;                   ///< [rows, E_pad], pre-scaled
-  float* scores;              ///< [rows, kBlockKv]
-  float* tile;                ///< [kBlockKv, max(E_pad, Ev_pad)]: a tile's keys, then its
-                              ///< values, converted to float32
+  /// Keys (values) are bfloat16 rows of unit stride: without vdpbf16ps they are widened
+  /// in registers where read (decode_bf16-inl.h) instead of through `tile`.
+  bool bf16_key_rows, bf16_value_rows;
+  uint16_t* q_bf16;  ///< [rows, E_pad] when bf16_keys
+  uint16_t* p_bf16;  ///< [rows, kBlockKv] when bf16_values
+  float* q;          ///< [rows, E_pad], pre-scaled
+  float* scores;     ///< [rows, kBlockKv]
+  float* tile;       ///< [kBlockKv, max(E_pad, Ev_pad)]: a tile's keys, then its values,
+                     ///< converted to float32
   ColumnRange row_keys[kDecodeMaxRows];
   flex::RowState flex;
 

@@ -1,10 +1,10 @@
 // Per-target body of the split-KV decode path (flash_decode.h): every query row of a kv
 // head's GQA group over one chunk of keys, tile by tile: scores as dot products of key
-// rows (bf16 keys read in place by vdpbf16ps where available, else converted), summed
-// lanewise by one reduction tree per 16 keys; the online softmax of FlashAttention-2; P.v
-// by vdpbf16ps on bf16 value rows read in place where available, else through the
-// register-blocked GEMM on the tile's converted values. Compiled for AVX-512, AVX2 and the
-// portable baseline by Highway's foreach_target.
+// rows, summed lanewise by one reduction tree per vector of keys; the online softmax of
+// FlashAttention-2; P.v into register-held output rows. bf16 key and value rows of unit
+// stride are read in place: by vdpbf16ps where available, else widened in registers
+// (decode_bf16-inl.h). Other rows are converted into a float32 tile first. Compiled for
+// AVX-512, AVX2 and the portable baseline by Highway's foreach_target.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_decode_tile.cc"
@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "cpu/bf16_dot.h"
+#include "cpu/decode_bf16-inl.h"
 #include "cpu/flash_decode.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/philox.h"
@@ -71,7 +72,7 @@ constexpr int64_t kPrefetchRows = 32;
 
 HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
   const char* row = static_cast<const char*>(rows.row_data(r));
-  const int64_t bytes = rows.cols() * rows.col_stride() * static_cast<int64_t>(element_size(rows.dtype()));
+  const int64_t bytes = rows.cols() * rows.col_stride() * rows.element_bytes();
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 0, 2);
 }
 
@@ -113,18 +114,29 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
 #else
   const bool bf16_keys = false, bf16_values = false;  // they hold only at the AVX512 level
 #endif
-  const int64_t E = p.head_dim_qk, e_pad32 = ws.head_dim_qk_pad32;
+#if HWY_TARGET != HWY_SCALAR
+  const bool split_keys = !bf16_keys && ws.bf16_key_rows;
+  const bool split_values = !bf16_values && ws.bf16_value_rows;
+  constexpr int64_t kSplit = SplitBlock();
+#else
+  const bool split_keys = false, split_values = false;
+#endif
+  const int64_t E = p.head_dim_qk;
+  [[maybe_unused]] const int64_t Ev = p.head_dim_vo;  // read by some targets' paths only
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t h = hk * G + r / L, i = r % L;
     if (bf16_keys) {
       // q as bf16 bits, unscaled (scale multiplies the float32 scores).
       const RowView q_rows(p.q, b, h);
       const uint16_t* src = static_cast<const uint16_t*>(q_rows.row_data(i));
-      uint16_t* dst = ws.q_bf16 + r * e_pad32;
+      uint16_t* dst = ws.q_bf16 + r * e_pad;
       for (int64_t e = 0; e < E; ++e) dst[e] = src[e * q_rows.col_stride()];
-      std::fill(dst + E, dst + e_pad32, uint16_t{0});
+      std::fill(dst + E, dst + e_pad, uint16_t{0});
     } else {
       LoadRow(RowView(p.q, b, h), i, e_pad, ws.q + r * e_pad, scale);
+#if HWY_TARGET != HWY_SCALAR
+      if (split_keys) SplitRow(ws.q + r * e_pad, round_up(E, kSplit));
+#endif
     }
     ws.row_keys[r] = row_columns(p.mask, b, i, L, S);
     const ColumnRange& keys = ws.row_keys[r];
@@ -143,6 +155,13 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
   std::fill(sum_rows, sum_rows + kDecodeMaxRows, 0.0f);
 
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+#if HWY_TARGET != HWY_SCALAR
+  // Row addresses of a group of keys or values read in place, and their partial last
+  // blocks (GatherTails).
+  constexpr int64_t kGroup = 16;
+  const uint16_t* group_rows[kGroup];
+  HWY_ALIGN uint16_t tails[kGroup * kSplit];
+#endif
   for (int64_t j0 = visible.begin / kBlockKv * kBlockKv; j0 < visible.end; j0 += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, S - j0);
     const int64_t c_begin = std::max<int64_t>(visible.begin - j0, 0);
@@ -159,9 +178,24 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
         for (int64_t k = c; k < c + 16; ++k) {
           Prefetch(k_rows, std::min(j0 + k + kPrefetchRows, S - 1));
         }
-        Bf16ScoreKeys(ws.q_bf16, rows, e_pad32,
+        Bf16ScoreKeys(ws.q_bf16, rows, e_pad,
                       static_cast<const uint16_t*>(k_rows.row_data(j0 + c)), k_rows.row_stride(),
                       E, S - j0 - c, 16, scale, ws.scores + c, kBlockKv);
+      }
+#endif
+    } else if (split_keys) {
+#if HWY_TARGET != HWY_SCALAR
+      // Keys past kv_len repeat the last key: their scores are masked below.
+      const int64_t full = E / kSplit * kSplit;
+      for (int64_t c = g_begin; c < g_end; c += lanes) {
+        for (int64_t k = 0; k < lanes; ++k) {
+          const int64_t key = std::min(j0 + c + k, S - 1);
+          Prefetch(k_rows, std::min(key + kPrefetchRows, S - 1));
+          group_rows[k] = static_cast<const uint16_t*>(k_rows.row_data(key));
+        }
+        if (full < E) GatherTails(group_rows, lanes, full, E, tails);
+        ScoreBf16Keys(ws.q, rows, e_pad, group_rows, full, full < E ? tails : nullptr,
+                      ws.scores + c, kBlockKv);
       }
 #endif
     } else {
@@ -207,7 +241,21 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
         }
         Bf16AccumulateValues(ws.p_bf16 + c, rows, kBlockKv,
                              static_cast<const uint16_t*>(v_rows.row_data(j0 + c)),
-                             v_rows.row_stride(), p.head_dim_vo, n, acc, ev_pad);
+                             v_rows.row_stride(), Ev, n, acc, ev_pad);
+      }
+#endif
+    } else if (split_values) {
+#if HWY_TARGET != HWY_SCALAR
+      const int64_t full = Ev / kSplit * kSplit;
+      for (int64_t c = c_begin; c < c_end; c += kGroup) {
+        const int64_t n = std::min(kGroup, c_end - c);
+        for (int64_t k = 0; k < n; ++k) {
+          Prefetch(v_rows, std::min(j0 + c + k + kPrefetchRows, S - 1));
+          group_rows[k] = static_cast<const uint16_t*>(v_rows.row_data(j0 + c + k));
+        }
+        if (full < Ev) GatherTails(group_rows, n, full, Ev, tails);
+        AccumulateBf16Values(ws.scores + c, rows, kBlockKv, group_rows, n, full,
+                             full < Ev ? tails : nullptr, acc, ev_pad);
       }
 #endif
     } else {
@@ -221,6 +269,11 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
            ws.tile + c_begin * ev_pad, ev_pad, acc, ev_pad, true);
     }
   }
+#if HWY_TARGET != HWY_SCALAR
+  if (split_values) {
+    for (int64_t r = 0; r < rows; ++r) SplitRow(acc + r * ev_pad, round_up(Ev, kSplit), true);
+  }
+#endif
   std::copy(max_rows, max_rows + rows, row_max);
   std::copy(sum_rows, sum_rows + rows, row_sum);
 }

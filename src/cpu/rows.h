@@ -29,8 +29,8 @@ S narrow(T x) {
 class RowView {
  public:
   RowView(const Tensor& t, int64_t b, int64_t h)
-      : base_(static_cast<char*>(t.data_ptr()) +
-              (b * t.stride(0) + h * t.stride(1)) * static_cast<int64_t>(element_size(t.dtype()))),
+      : element_bytes_(static_cast<int64_t>(element_size(t.dtype()))),
+        base_(static_cast<char*>(t.data_ptr()) + (b * t.stride(0) + h * t.stride(1)) * element_bytes_),
         dtype_(t.dtype()),
         stride_row_(t.stride(2)),
         stride_col_(t.stride(3)),
@@ -40,9 +40,10 @@ class RowView {
   DType dtype() const { return dtype_; }
   int64_t col_stride() const { return stride_col_; }
   int64_t row_stride() const { return stride_row_; }
+  int64_t element_bytes() const { return element_bytes_; }
   /// Address of row r's first element (stored dtype).
   const void* row_data(int64_t r) const {
-    return base_ + r * stride_row_ * static_cast<int64_t>(element_size(dtype_));
+    return base_ + r * stride_row_ * element_bytes_;
   }
 
   /// dst[c] = row[r][c] * multiplier for c < cols().
@@ -83,6 +84,7 @@ class RowView {
     for (int64_t c = 0; c < cols_; ++c) row[c * stride_col_] = narrow<S>(src[c]);
   }
 
+  int64_t element_bytes_;  // cached: row_data() runs once per key row in the decode path
   char* base_;
   DType dtype_;
   int64_t stride_row_;
