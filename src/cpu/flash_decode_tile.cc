@@ -156,11 +156,10 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
 
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
 #if HWY_TARGET != HWY_SCALAR
-  // Row addresses of a group of keys or values read in place, and their partial last
+  // Row addresses of the keys or values of a tile read in place, and their partial last
   // blocks (GatherTails).
-  constexpr int64_t kGroup = 16;
-  const uint16_t* group_rows[kGroup];
-  HWY_ALIGN uint16_t tails[kGroup * kSplit];
+  const uint16_t* tile_rows[kBlockKv];
+  HWY_ALIGN uint16_t tails[kBlockKv * kSplit];
 #endif
   for (int64_t j0 = visible.begin / kBlockKv * kBlockKv; j0 < visible.end; j0 += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, S - j0);
@@ -185,16 +184,19 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
 #endif
     } else if (split_keys) {
 #if HWY_TARGET != HWY_SCALAR
-      // Keys past kv_len repeat the last key: their scores are masked below.
+      // Keys past kv_len repeat the last key: their scores are masked below. The value
+      // rows are requested here too, at the same distance: the P.v pass below then runs
+      // over the whole tile with no requests of its own.
       const int64_t full = E / kSplit * kSplit;
       for (int64_t c = g_begin; c < g_end; c += lanes) {
         for (int64_t k = 0; k < lanes; ++k) {
           const int64_t key = std::min(j0 + c + k, S - 1);
           Prefetch(k_rows, std::min(key + kPrefetchRows, S - 1));
-          group_rows[k] = static_cast<const uint16_t*>(k_rows.row_data(key));
+          if (split_values) Prefetch(v_rows, std::min(key + kPrefetchRows, S - 1));
+          tile_rows[k] = static_cast<const uint16_t*>(k_rows.row_data(key));
         }
-        if (full < E) GatherTails(group_rows, lanes, full, E, tails);
-        ScoreBf16Keys(ws.q, rows, e_pad, group_rows, full, full < E ? tails : nullptr,
+        if (full < E) GatherTails(tile_rows, lanes, full, E, tails);
+        ScoreBf16Keys(ws.q, rows, e_pad, tile_rows, full, full < E ? tails : nullptr,
                       ws.scores + c, kBlockKv);
       }
 #endif
@@ -246,17 +248,15 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
 #endif
     } else if (split_values) {
 #if HWY_TARGET != HWY_SCALAR
-      const int64_t full = Ev / kSplit * kSplit;
-      for (int64_t c = c_begin; c < c_end; c += kGroup) {
-        const int64_t n = std::min(kGroup, c_end - c);
-        for (int64_t k = 0; k < n; ++k) {
-          Prefetch(v_rows, std::min(j0 + c + k + kPrefetchRows, S - 1));
-          group_rows[k] = static_cast<const uint16_t*>(v_rows.row_data(j0 + c + k));
-        }
-        if (full < Ev) GatherTails(group_rows, n, full, Ev, tails);
-        AccumulateBf16Values(ws.scores + c, rows, kBlockKv, group_rows, n, full,
-                             full < Ev ? tails : nullptr, acc, ev_pad);
+      const int64_t full = Ev / kSplit * kSplit, n = c_end - c_begin;
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t value = j0 + c_begin + k;
+        if (!split_keys) Prefetch(v_rows, std::min(value + kPrefetchRows, S - 1));
+        tile_rows[k] = static_cast<const uint16_t*>(v_rows.row_data(value));
       }
+      if (full < Ev) GatherTails(tile_rows, n, full, Ev, tails);
+      AccumulateBf16Values(ws.scores + c_begin, rows, kBlockKv, tile_rows, n, full,
+                           full < Ev ? tails : nullptr, acc, ev_pad);
 #endif
     } else {
       for (int64_t c = c_begin; c < c_end; ++c) {
