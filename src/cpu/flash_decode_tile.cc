@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpu/bf16_decode.h"
 #include "cpu/bf16_dot.h"
 #include "cpu/decode_bf16-inl.h"
 #include "cpu/flash_decode.h"
@@ -41,7 +42,8 @@ HWY_INLINE void LoadRow(const RowView& rows, int64_t r, int64_t padded, float* H
   const auto m = hn::Set(d, multiplier);
   if (rows.col_stride() == 1 && rows.dtype() == DType::kFloat32) {
     const float* src = static_cast<const float*>(rows.row_data(r));
-    for (int64_t e = 0; e < full; e += lanes) hn::StoreU(hn::Mul(hn::LoadU(d, src + e), m), d, dst + e);
+    for (int64_t e = 0; e < full; e += lanes)
+      hn::StoreU(hn::Mul(hn::LoadU(d, src + e), m), d, dst + e);
     for (int64_t e = full; e < n; ++e) dst[e] = src[e] * multiplier;
   } else if (rows.col_stride() == 1 && rows.dtype() == DType::kBFloat16) {
     // bfloat16 is the upper half of a float32: widen the bits and shift them up.
@@ -101,8 +103,8 @@ HWY_INLINE void ScoreKeys(const float* HWY_RESTRICT q, int64_t rows, const float
 
 }  // namespace
 
-void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_begin,
-                 int64_t kv_end, DecodeScratch& ws, float* acc, float* row_max, float* row_sum) {
+void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_begin, int64_t kv_end,
+                 DecodeScratch& ws, float* acc, float* row_max, float* row_sum) {
   const int64_t L = p.q_len, S = p.kv_len, G = p.group_size(), rows = G * L;
   const int64_t e_pad = ws.head_dim_qk_padded, ev_pad = ws.head_dim_vo_padded;
   const float scale = static_cast<float>(p.scale);
@@ -172,14 +174,16 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
     if (bf16_keys) {
 #if HWY_TARGET == HWY_AVX3
       // 16 keys at a time, each group requesting the rows kPrefetchRows ahead of it (a
-      // whole tile's requests at once overflow the miss queues and are dropped).
+      // whole tile's requests at once overflow the miss queues and are dropped). The
+      // value rows are requested here too: P.v then runs over the whole tile at once.
       for (int64_t c = g_begin; c < g_end; c += 16) {
         for (int64_t k = c; k < c + 16; ++k) {
-          Prefetch(k_rows, std::min(j0 + k + kPrefetchRows, S - 1));
+          const int64_t ahead = std::min(j0 + k + kPrefetchRows, S - 1);
+          Prefetch(k_rows, ahead);
+          if (bf16_values) Prefetch(v_rows, ahead);
         }
-        Bf16ScoreKeys(ws.q_bf16, rows, e_pad,
-                      static_cast<const uint16_t*>(k_rows.row_data(j0 + c)), k_rows.row_stride(),
-                      E, S - j0 - c, 16, scale, ws.scores + c, kBlockKv);
+        Bf16ScoreKeys(ws.q_bf16, rows, e_pad, static_cast<const uint16_t*>(k_rows.row_data(j0 + c)),
+                      k_rows.row_stride(), E, S - j0 - c, 16, scale, ws.scores + c, kBlockKv);
       }
 #endif
     } else if (split_keys) {
@@ -196,8 +200,8 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
           tile_rows[k] = static_cast<const uint16_t*>(k_rows.row_data(key));
         }
         if (full < E) GatherTails(tile_rows, lanes, full, E, tails);
-        ScoreBf16Keys(ws.q, rows, e_pad, tile_rows, full, full < E ? tails : nullptr,
-                      ws.scores + c, kBlockKv);
+        ScoreBf16Keys(ws.q, rows, e_pad, tile_rows, full, full < E ? tails : nullptr, ws.scores + c,
+                      kBlockKv);
       }
 #endif
     } else {
@@ -236,15 +240,9 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
       for (int64_t r = 0; r < rows; ++r) {
         ConvertRowToBf16(ws.scores + r * kBlockKv, ws.p_bf16 + r * kBlockKv, kBlockKv);
       }
-      for (int64_t c = pair_begin; c < c_end; c += 16) {
-        const int64_t n = std::min<int64_t>(16, c_end - c);
-        for (int64_t k = c; k < c + n; ++k) {
-          Prefetch(v_rows, std::min(j0 + k + kPrefetchRows, S - 1));
-        }
-        Bf16AccumulateValues(ws.p_bf16 + c, rows, kBlockKv,
-                             static_cast<const uint16_t*>(v_rows.row_data(j0 + c)),
-                             v_rows.row_stride(), Ev, n, acc, ev_pad);
-      }
+      Bf16AccumulateValues(ws.p_bf16 + pair_begin, rows, kBlockKv,
+                           static_cast<const uint16_t*>(v_rows.row_data(j0 + pair_begin)),
+                           v_rows.row_stride(), Ev, c_end - pair_begin, acc, ev_pad);
 #endif
     } else if (split_values) {
 #if HWY_TARGET != HWY_SCALAR
@@ -265,10 +263,16 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
       }
       // P.v with register-blocked accumulators (the rows' outputs stay in registers over
       // the tile's keys instead of a load and store per key).
-      Gemm(rows, ev_pad, c_end - c_begin, ws.scores + c_begin, kBlockKv,
-           ws.tile + c_begin * ev_pad, ev_pad, acc, ev_pad, true);
+      Gemm(rows, ev_pad, c_end - c_begin, ws.scores + c_begin, kBlockKv, ws.tile + c_begin * ev_pad,
+           ev_pad, acc, ev_pad, true);
     }
   }
+#if HWY_TARGET == HWY_AVX3
+  static_assert(kDecodeRowPad % kValueBlock == 0);
+  if (bf16_values) {
+    for (int64_t r = 0; r < rows; ++r) ValueOrderToElements(acc + r * ev_pad, ev_pad);
+  }
+#endif
 #if HWY_TARGET != HWY_SCALAR
   if (split_values) {
     for (int64_t r = 0; r < rows; ++r) SplitRow(acc + r * ev_pad, round_up(Ev, kSplit), true);
@@ -288,12 +292,15 @@ namespace sdpa::cpu {
 DecodeChunkFn decode_chunk_for(Capability capability) {
   switch (capability) {
 #if HWY_TARGETS & HWY_AVX3
-    case Capability::kAVX512: return &N_AVX3::DecodeChunk;
+    case Capability::kAVX512:
+      return &N_AVX3::DecodeChunk;
 #endif
 #if HWY_TARGETS & HWY_AVX2
-    case Capability::kAVX2: return &N_AVX2::DecodeChunk;
+    case Capability::kAVX2:
+      return &N_AVX2::DecodeChunk;
 #endif
-    default: break;
+    default:
+      break;
   }
 #if HWY_TARGETS & HWY_EMU128
   return &N_EMU128::DecodeChunk;
