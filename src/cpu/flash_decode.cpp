@@ -45,18 +45,29 @@ DecodeScratch::DecodeScratch(const AttentionParams& params)
   p_bf16 = reinterpret_cast<uint16_t*>(p_bf16_slot);
 }
 
+int64_t decode_chunk_len(const AttentionParams& p) {
+  const int64_t groups = p.batch * p.num_heads_kv;
+  int64_t len = kDecodeChunk;
+  while (len < kDecodeMaxChunk &&
+         groups * ((p.kv_len + 2 * len - 1) / (2 * len)) >= kDecodeMinItems) {
+    len *= 2;
+  }
+  return len;
+}
+
 void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse) {
   const int64_t L = p.q_len, G = p.group_size(), rows = G * L;
   const int64_t groups = p.batch * p.num_heads_kv;
-  const int64_t chunks = (p.kv_len + kDecodeChunk - 1) / kDecodeChunk;
+  const int64_t chunk_len = decode_chunk_len(p);
+  const int64_t chunks = (p.kv_len + chunk_len - 1) / chunk_len;
   const int64_t ev_pad = round_up(std::max<int64_t>(p.head_dim_vo, 1), kDecodeRowPad);
   if (groups * rows == 0) return;
   const DecodeChunkFn chunk_fn = decode_chunk_for(active_capability());
 
   // Per (group, chunk) item: acc [rows, Ev_pad], then max [rows] and sum [rows].
   const int64_t item_floats = rows * (ev_pad + 2);
-  const Tensor partials = Tensor::empty({std::max<int64_t>(groups * chunks * item_floats, 1)},
-                                        DType::kFloat32);
+  const Tensor partials =
+      Tensor::empty({std::max<int64_t>(groups * chunks * item_floats, 1)}, DType::kFloat32);
   float* const base = partials.data<float>();
   detail::ParallelErrors errors;
 #pragma omp parallel
@@ -67,9 +78,9 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
       try {
         const int64_t group = item / chunks, chunk = item % chunks;
         float* acc = base + item * item_floats;
-        chunk_fn(p, group / p.num_heads_kv, group % p.num_heads_kv, chunk * kDecodeChunk,
-                 std::min(p.kv_len, (chunk + 1) * kDecodeChunk), scratch, acc,
-                 acc + rows * ev_pad, acc + rows * ev_pad + rows);
+        chunk_fn(p, group / p.num_heads_kv, group % p.num_heads_kv, chunk * chunk_len,
+                 std::min(p.kv_len, (chunk + 1) * chunk_len), scratch, acc, acc + rows * ev_pad,
+                 acc + rows * ev_pad + rows);
       } catch (...) {
         errors.capture();
       }

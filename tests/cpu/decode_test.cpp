@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "common/harness.h"
+#include "cpu/flash_decode.h"
 #include "sdpa/attn_bias.h"
 
 namespace sdpa::test {
@@ -76,8 +77,10 @@ TEST(Decode, Bf16RowsInPlaceOddHeadDimsAndRowCounts) {
     int64_t heads_q, heads_kv, q_len, head_dim, head_dim_v;
     Layout kv_layout;
   };
-  const Shape shapes[] = {{3, 3, 1, 67, 33, Layout::kBHSD},  {6, 1, 1, 24, 200, Layout::kSliceD},
-                          {7, 1, 1, 1, 17, Layout::kBSHD},   {8, 2, 2, 128, 128, Layout::kSliceD},
+  const Shape shapes[] = {{3, 3, 1, 67, 33, Layout::kBHSD},
+                          {6, 1, 1, 24, 200, Layout::kSliceD},
+                          {7, 1, 1, 1, 17, Layout::kBSHD},
+                          {8, 2, 2, 128, 128, Layout::kSliceD},
                           {4, 2, 3, 33, 67, Layout::kStridedD}};
   for (const std::string& capability : capabilities()) {
     bcpu::set_cpu_capability(capability);
@@ -135,7 +138,8 @@ TEST(Decode, NativeBiasesMatchTheirMaterialization) {
   const Tensor v = random_tensor({B, Hkv, S, E}, DType::kFloat32, Layout::kBHSD, rng);
   const std::vector<AttnBiasPtr> biases = {
       causal_lower_right(L, S), std::make_shared<LocalAttentionBias>(300, 0),
-      std::make_shared<AlibiBias>(Hq), std::make_shared<PaddedKeysBias>(std::vector<int64_t>{700, 0}),
+      std::make_shared<AlibiBias>(Hq),
+      std::make_shared<PaddedKeysBias>(std::vector<int64_t>{700, 0}),
       compose({std::make_shared<PaddedKeysBias>(std::vector<int64_t>{1290, 513}, true),
                std::make_shared<AlibiBias>(Hq)})};
   for (const AttnBiasPtr& bias : biases) {
@@ -163,6 +167,46 @@ TEST(Decode, NativeBiasesMatchTheirMaterialization) {
       } else {
         ASSERT_NEAR(a, b, 1e-4) << bias->describe();
       }
+    }
+  }
+}
+
+// Long calls with many (batch, kv head) groups take 1024- and 2048-key chunks: checked
+// against the float64 reference on every SIMD path, odd lengths (a short last chunk), and
+// bit-identical for 1 and 2 threads. The chunking does not depend on the dtype.
+TEST(Decode, LongerChunksMatchReferenceAndAreThreadCountInvariant) {
+  const CapabilityReset reset;
+  for (const auto& [kv_len, chunk_len] : {std::pair<int64_t, int64_t>{9001, 1024}, {16500, 2048}}) {
+    Case c;
+    c.batch = 2;
+    c.heads_q = 16;
+    c.heads_kv = 8;
+    c.enable_gqa = true;
+    c.kv_len = kv_len;
+    c.head_dim = 72;
+    c.head_dim_v = 40;
+    std::mt19937 rng(static_cast<uint32_t>(kv_len));
+    const Tensor q = random_tensor({2, 16, 1, 72}, DType::kBFloat16, Layout::kBHSD, rng);
+    const Tensor k = random_tensor({2, 8, kv_len, 72}, DType::kBFloat16, Layout::kBHSD, rng);
+    const Tensor v = random_tensor({2, 8, kv_len, 40}, DType::kBFloat16, Layout::kBHSD, rng);
+    SDPAOptions options;
+    options.enable_gqa = true;
+    EXPECT_EQ(cpu::decode_chunk_len(make_params(q, k, v, options)), chunk_len);
+    for (const std::string& capability : capabilities()) {
+      bcpu::set_cpu_capability(capability);
+      SCOPED_TRACE(capability);
+      c.dtype = DType::kBFloat16;
+      c.seed = static_cast<uint32_t>(kv_len);
+      expect_flash_ran(c, check_case(c));
+      const sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
+      const int threads = omp_get_max_threads();
+      omp_set_num_threads(1);
+      const AttentionResult one = scaled_dot_product_attention_with_lse(q, k, v, options);
+      omp_set_num_threads(2);
+      const AttentionResult two = scaled_dot_product_attention_with_lse(q, k, v, options);
+      omp_set_num_threads(threads);
+      EXPECT_EQ(std::memcmp(one.out.data_ptr(), two.out.data_ptr(), one.out.numel() * 2), 0);
+      EXPECT_EQ(std::memcmp(one.lse.data_ptr(), two.lse.data_ptr(), one.lse.numel() * 4), 0);
     }
   }
 }
