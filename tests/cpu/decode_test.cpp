@@ -41,6 +41,20 @@ void expect_flash_ran(const Case& c, const CaseReport& r) {
   EXPECT_TRUE(r.ran_backend(SDPBackend::MATH)) << c.describe();
 }
 
+// FLASH on bf16 inputs gives the same out and lse bits with 1 and 2 threads.
+void expect_thread_count_invariant(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const SDPAOptions& options) {
+  const sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const AttentionResult one = scaled_dot_product_attention_with_lse(q, k, v, options);
+  omp_set_num_threads(2);
+  const AttentionResult two = scaled_dot_product_attention_with_lse(q, k, v, options);
+  omp_set_num_threads(threads);
+  EXPECT_EQ(std::memcmp(one.out.data_ptr(), two.out.data_ptr(), one.out.numel() * 2), 0);
+  EXPECT_EQ(std::memcmp(one.lse.data_ptr(), two.lse.data_ptr(), one.lse.numel() * 4), 0);
+}
+
 TEST(Decode, ChunkBoundariesGroupsAndDtypesMatchReference) {
   const CapabilityReset reset;
   for (const std::string& capability : capabilities()) {
@@ -198,15 +212,7 @@ TEST(Decode, LongerChunksMatchReferenceAndAreThreadCountInvariant) {
       c.dtype = DType::kBFloat16;
       c.seed = static_cast<uint32_t>(kv_len);
       expect_flash_ran(c, check_case(c));
-      const sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
-      const int threads = omp_get_max_threads();
-      omp_set_num_threads(1);
-      const AttentionResult one = scaled_dot_product_attention_with_lse(q, k, v, options);
-      omp_set_num_threads(2);
-      const AttentionResult two = scaled_dot_product_attention_with_lse(q, k, v, options);
-      omp_set_num_threads(threads);
-      EXPECT_EQ(std::memcmp(one.out.data_ptr(), two.out.data_ptr(), one.out.numel() * 2), 0);
-      EXPECT_EQ(std::memcmp(one.lse.data_ptr(), two.lse.data_ptr(), one.lse.numel() * 4), 0);
+      expect_thread_count_invariant(q, k, v, options);
     }
   }
 }
@@ -219,15 +225,7 @@ TEST(Decode, BitIdenticalForOneAndTwoThreadsAndDropoutMatchesMath) {
   const Tensor v = random_tensor({B, Hkv, S, E}, DType::kBFloat16, Layout::kBHSD, rng);
   SDPAOptions options;
   options.enable_gqa = true;
-  const sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const AttentionResult one = scaled_dot_product_attention_with_lse(q, k, v, options);
-  omp_set_num_threads(2);
-  const AttentionResult two = scaled_dot_product_attention_with_lse(q, k, v, options);
-  omp_set_num_threads(threads);
-  EXPECT_EQ(std::memcmp(one.out.data_ptr(), two.out.data_ptr(), one.out.numel() * 2), 0);
-  EXPECT_EQ(std::memcmp(one.lse.data_ptr(), two.lse.data_ptr(), one.lse.numel() * 4), 0);
+  expect_thread_count_invariant(q, k, v, options);
 
   Case c;
   c.heads_q = Hq;
