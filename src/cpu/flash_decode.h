@@ -27,6 +27,7 @@ inline constexpr int64_t kDecodeMinItems = 128;
 /// The chunk length of `params`: it depends on the shapes only, never on the thread
 /// count, so the merged result is bit-identical for any number of threads.
 int64_t decode_chunk_len(const AttentionParams& params);
+
 /// Padding of the decode path's float32 rows (q, value accumulators): a whole split block
 /// (two vectors) of the widest target, and one vdpbf16ps input of 32 bf16.
 inline constexpr int64_t kDecodeRowPad = 2 * kMaxLanes;
