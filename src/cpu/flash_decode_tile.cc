@@ -20,6 +20,7 @@
 #include "cpu/gemm-inl.h"
 #include "cpu/philox.h"
 #include "cpu/reduce_lanes-inl.h"
+#include "cpu/softmax_bf16-inl.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/highway.h"
 
@@ -116,6 +117,7 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
 #else
   const bool bf16_keys = false, bf16_values = false;  // they hold only at the AVX512 level
 #endif
+  const bool p_in_bf16 = bf16_values && !p.has_dropout();
 #if HWY_TARGET != HWY_SCALAR
   const bool split_keys = !bf16_keys && ws.bf16_key_rows;
   const bool split_values = !bf16_values && ws.bf16_value_rows;
@@ -223,7 +225,14 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
       MaskScoreRow(p, DenseMaskRows(p.mask, b, h), &ws.flex, b, h, i, ws.row_keys[r], j0, cols,
                    ws.scores + r * kBlockKv);
     }
-    SoftmaxTile(ws.scores, rows, nullptr, 1.0f, max_rows, sum_rows, alpha);
+    // P goes to bf16 as the softmax computes it, except where dropout needs float32 P.
+    if (p_in_bf16) {
+#if HWY_TARGET == HWY_AVX3
+      SoftmaxTileToBf16(ws.scores, rows, 1.0f, max_rows, sum_rows, alpha, ws.p_bf16);
+#endif
+    } else {
+      SoftmaxTile(ws.scores, rows, nullptr, 1.0f, max_rows, sum_rows, alpha);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       if (alpha[r] != 1.0f) ScaleRow(acc + r * ev_pad, ev_pad, alpha[r]);
       if (p.has_dropout()) {
@@ -237,7 +246,7 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
 #if HWY_TARGET == HWY_AVX3
       // Keys in pairs from an even column; P is 0 at masked columns (and past c_end).
       const int64_t pair_begin = c_begin / 2 * 2;
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = 0; r < rows && !p_in_bf16; ++r) {
         ConvertRowToBf16(ws.scores + r * kBlockKv, ws.p_bf16 + r * kBlockKv, kBlockKv);
       }
       Bf16AccumulateValues(ws.p_bf16 + pair_begin, rows, kBlockKv,

@@ -14,6 +14,7 @@
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/philox.h"
+#include "cpu/softmax_bf16-inl.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -39,6 +40,8 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
 #else
   const bool bf16 = false;  // uses_bf16_dot() holds only at the AVX512 level
 #endif
+  // P goes to bf16 as the softmax computes it, except where dropout needs float32 P.
+  const bool p_in_bf16 = bf16 && !p.has_dropout();
   const int64_t e2 = ws.head_dim_qk_pairs2;
   if (bf16) {
     // q as bf16 bits, unscaled (scale multiplies the float32 scores: exact either way for
@@ -119,13 +122,18 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     if (needs_mask) {
       for (int64_t r = 0; r < rows; ++r) {
         MaskScoreRow(p, dense, &ws.flex, b, h, q_begin + r, keys[r], j0, cols,
-                     ws.scores + r * kBlockKv, nullptr,
-                     {tile_score_mod, blocks_applied[r], alibi});
+                     ws.scores + r * kBlockKv, nullptr, {tile_score_mod, blocks_applied[r], alibi});
       }
     }
     float alpha[kBlockQ];
-    SoftmaxTile(ws.scores, rows, trimmed ? &support : nullptr, score_scale, ws.row_max,
-                ws.row_sum, alpha);
+    if (p_in_bf16) {
+#if HWY_TARGET == HWY_AVX3
+      SoftmaxTileToBf16(ws.scores, rows, score_scale, ws.row_max, ws.row_sum, alpha, ws.p_bf16);
+#endif
+    } else {
+      SoftmaxTile(ws.scores, rows, trimmed ? &support : nullptr, score_scale, ws.row_max,
+                  ws.row_sum, alpha);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       if (alpha[r] != 1.0f) ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha[r]);
       if (p.has_dropout()) {
@@ -138,7 +146,7 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     if (bf16) {
 #if HWY_TARGET == HWY_AVX3
       // P in bf16 for the second product, as FlashAttention does on GPUs.
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = 0; r < rows && !p_in_bf16; ++r) {
         ConvertRowToBf16(ws.scores + r * kBlockKv, ws.p_bf16 + r * kBlockKv, kBlockKv);
       }
       Bf16Gemm(rows, ev_pad, kBlockKv / 2, ws.p_bf16, kBlockKv, t.v_pairs, ws.acc, ev_pad, true);

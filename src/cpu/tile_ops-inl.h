@@ -14,8 +14,8 @@
 
 #include "cpu/fast_exp-inl.h"
 #include "cpu/flash_tile.h"
-#include "cpu/mask_rows.h"
 #include "cpu/gemm-inl.h"
+#include "cpu/mask_rows.h"
 #include "cpu/pack.h"
 #include "cpu/reduce_lanes-inl.h"
 #include "cpu/rows.h"
@@ -59,8 +59,8 @@ HWY_INLINE void AlibiTile(const AttentionParams& p, int64_t h, int64_t q_begin, 
 /// Adds the additive terms (dense float mask over [lo, hi), ALiBi unless `alibi_done`) to
 /// score row s of query row i of (b, h) over key tile [j0, j0 + kBlockKv).
 HWY_INLINE void AddScoreTerms(const AttentionParams& p, const DenseMaskRows& dense, int64_t h,
-                              int64_t i, int64_t j0, int64_t lo, int64_t hi,
-                              float* HWY_RESTRICT s, bool alibi_done = false) {
+                              int64_t i, int64_t j0, int64_t lo, int64_t hi, float* HWY_RESTRICT s,
+                              bool alibi_done = false) {
   if (dense.additive()) dense.apply(i, j0 + lo, hi - lo, s + lo);
   const AlibiRow alibi = alibi_row(p.mask, h, i, p.q_len, p.kv_len);
   // Lanes outside [lo, hi) are masked afterwards.
@@ -126,8 +126,7 @@ HWY_INLINE void ScoreModTile(const AttentionParams& p, const DenseMaskRows& dens
   for (int64_t r = 0; r < rows; ++r) {
     lo[r] = std::clamp<int64_t>(keys[r].begin - j0, 0, cols);
     hi[r] = std::clamp<int64_t>(keys[r].end - j0, lo[r], cols);
-    AddScoreTerms(p, dense, h, q_begin + r, j0, lo[r], hi[r], scores + r * kBlockKv,
-                  alibi_done);
+    AddScoreTerms(p, dense, h, q_begin + r, j0, lo[r], hi[r], scores + r * kBlockKv, alibi_done);
   }
   flex::HWY_NAMESPACE::ApplyScoreModRows(*flex_state.score_mod, scores, kBlockKv, b, h, q_begin,
                                          rows, j0, lo, hi);
@@ -171,8 +170,8 @@ HWY_INLINE bool FlexRowSupport(flex::RowState& flex_state, int64_t b, int64_t h,
 /// nothing to mask).
 HWY_INLINE bool TileNeedsMask(const AttentionParams& p, const flex::RowState* flex_state,
                               const ColumnRange* ranges, int64_t rows, int64_t j0) {
-  if (p.mask.dense_kind != DenseMaskKind::kNone ||
-      (flex_state && flex_state->active()) || j0 + kBlockKv > p.kv_len) {
+  if (p.mask.dense_kind != DenseMaskKind::kNone || (flex_state && flex_state->active()) ||
+      j0 + kBlockKv > p.kv_len) {
     return true;
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -188,6 +187,39 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
   for (int64_t j = 0; j < n; j += static_cast<int64_t>(hn::Lanes(d))) {
     hn::StoreU(hn::Mul(hn::LoadU(d, row + j), f), d, row + j);
   }
+}
+
+/// The max half of SoftmaxTile for rows [r0, r0 + N), N = Lanes: row r0 + k's scores in
+/// columns [first[k], last[k]) (whole vectors), or all kBlockKv columns of rows r0 + k <
+/// `rows` when `first` is null, raise row_max (scaled units); alpha gets the accumulators'
+/// factors. Returns the new maxes.
+template <class D>
+HWY_INLINE hn::Vec<D> RaiseRowMaxes(D d, const float* HWY_RESTRICT s, int64_t r0, int64_t rows,
+                                    const int64_t* first, const int64_t* last, float score_scale,
+                                    float* HWY_RESTRICT row_max, float* HWY_RESTRICT alpha) {
+  using V = hn::Vec<D>;
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const V neg_inf = hn::Set(d, kNegInf);
+  V v[N];
+  for (int64_t k = 0; k < N; ++k) {
+    v[k] = neg_inf;
+    if (r0 + k >= rows) continue;
+    // A null `first` leaves constant bounds, which unroll.
+    const int64_t lo = first ? first[k] : 0, hi = first ? last[k] : kBlockKv;
+    for (int64_t j = lo; j < hi; j += lanes) {
+      v[k] = hn::Max(v[k], hn::LoadU(d, s + (r0 + k) * kBlockKv + j));
+    }
+  }
+  const V old_max = hn::LoadU(d, row_max + r0);
+  const V new_max =
+      hn::Max(old_max, hn::Mul(ReduceLanesTree(d, v, MaxLanes()), hn::Set(d, score_scale)));
+  const auto seen = hn::Ne(new_max, neg_inf);
+  // 0 for a row's first finite scores (its accumulator is still 0), 1 while none.
+  hn::StoreU(hn::IfThenElse(seen, FastExp(d, hn::Sub(old_max, new_max)), hn::Set(d, 1.0f)), d,
+             alpha + r0);
+  hn::StoreU(new_max, d, row_max + r0);
+  return new_max;
 }
 
 /// Online-softmax update of rows [0, rows) of a score tile (Milakov & Gimelshein 2018;
@@ -207,34 +239,21 @@ HWY_INLINE void SoftmaxTile(float* HWY_RESTRICT s, int64_t rows, const RowSuppor
   using V = hn::Vec<decltype(d)>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const V neg_inf = hn::Set(d, kNegInf);
   for (int64_t r0 = 0; r0 < rows; r0 += N) {
     int64_t first[N], last[N];
-    V v[N];
     for (int64_t k = 0; k < N; ++k) {
       const int64_t r = r0 + k;
       first[k] = last[k] = 0;
       if (r < rows) {
         first[k] = support ? support->begin[r] / lanes * lanes : 0;
-        last[k] = support ? std::max(first[k], (support->end[r] + lanes - 1) / lanes * lanes)
-                          : kBlockKv;
-      }
-      v[k] = neg_inf;
-      for (int64_t j = first[k]; j < last[k]; j += lanes) {
-        v[k] = hn::Max(v[k], hn::LoadU(d, s + r * kBlockKv + j));
+        last[k] =
+            support ? std::max(first[k], (support->end[r] + lanes - 1) / lanes * lanes) : kBlockKv;
       }
     }
-    const V old_max = hn::LoadU(d, row_max + r0);
-    const V new_max =
-        hn::Max(old_max, hn::Mul(ReduceLanesTree(d, v, MaxLanes()), hn::Set(d, score_scale)));
-    const auto seen = hn::Ne(new_max, neg_inf);
-    // 0 for a row's first finite scores (its accumulator is still 0), 1 while none.
-    const V a = hn::IfThenElse(seen, FastExp(d, hn::Sub(old_max, new_max)), hn::Set(d, 1.0f));
-    hn::StoreU(a, d, alpha + r0);
-    hn::StoreU(new_max, d, row_max + r0);
     HWY_ALIGN float maxes[N];
-    hn::Store(new_max, d, maxes);
+    hn::Store(RaiseRowMaxes(d, s, r0, rows, first, last, score_scale, row_max, alpha), d, maxes);
     const V c = hn::Set(d, score_scale * kLog2e);
+    V v[N];
     for (int64_t k = 0; k < N; ++k) {
       const int64_t r = r0 + k;
       v[k] = hn::Zero(d);
@@ -252,14 +271,15 @@ HWY_INLINE void SoftmaxTile(float* HWY_RESTRICT s, int64_t rows, const RowSuppor
         // Already scaled scores subtract the max first: exact for the huge finite values a
         // float mask may add (-1e30), where max * log2 e would overflow.
         const V x = hn::LoadU(d, row + j);
-        const V e = score_scale == 1.0f ? FastExp(d, hn::Sub(x, m))
-                                        : FastExp2(d, hn::MulSub(x, c, off));
+        const V e =
+            score_scale == 1.0f ? FastExp(d, hn::Sub(x, m)) : FastExp2(d, hn::MulSub(x, c, off));
         hn::StoreU(e, d, row + j);
         v[k] = hn::Add(v[k], e);
       }
     }
     const V sums = ReduceLanesTree(d, v, AddLanes());
-    hn::StoreU(hn::MulAdd(hn::LoadU(d, row_sum + r0), a, sums), d, row_sum + r0);
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, row_sum + r0), hn::LoadU(d, alpha + r0), sums), d,
+               row_sum + r0);
   }
 }
 
