@@ -70,10 +70,11 @@ HWY_INLINE V Exp2Clamped(D d, V t) {
 // vscalefps multiplies by 2^n in one instruction each, with the same values as
 // Exp2Clamped (both products by 2^n are exact); the masked vscalefps writes the exact
 // zeros, so -inf and tiny arguments need neither a clamp from below nor a blend: 13
-// instructions instead of 20. kForBf16: the fraction by Exp2FractionBf16.
+// instructions instead of 20. kForBf16, for the bf16 softmax: the fraction by
+// Exp2FractionBf16 and no clamp, as its exponents are <= 0 (max subtracted).
 template <bool kForBf16 = false, class D>
 HWY_INLINE hn::Vec512<float> Exp2OrZero(D d, __mmask16 keep, hn::Vec512<float> t) {
-  t = hn::Min(t, hn::Set(d, 127.0f));
+  if (!kForBf16) t = hn::Min(t, hn::Set(d, 127.0f));
   // The masked form with every lane set: the plain intrinsic passes GCC 12's
   // _mm512_undefined_ps(), which -Wmaybe-uninitialized reports wherever it is inlined.
   const __m512 n = _mm512_mask_roundscale_ps(t.raw, __mmask16{0xFFFF}, t.raw,

@@ -32,9 +32,9 @@ double Bf16ToDouble(uint16_t bits) {
 }
 
 // A tile of `rows` score rows: normal scores of standard deviation 3 around a per-row
-// offset, every 5th key of row 3k masked, row 7 fully masked; tile 1 moves some rows'
-// offsets up (their maxes rise) and others down.
-std::vector<float> ScoreTile(int64_t rows, int tile, std::mt19937& rng) {
+// offset; when `masked`, every 5th key of row 3k is -inf and row 7 is fully masked. Tile 1
+// moves some rows' offsets up (their maxes rise) and others down.
+std::vector<float> ScoreTile(int64_t rows, int tile, bool masked, std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
   std::vector<float> s(static_cast<size_t>(rows * kBlockKv));
   for (int64_t r = 0; r < rows; ++r) {
@@ -42,13 +42,13 @@ std::vector<float> ScoreTile(int64_t rows, int tile, std::mt19937& rng) {
     for (int64_t j = 0; j < kBlockKv; ++j) {
       float& x = s[static_cast<size_t>(r * kBlockKv + j)];
       x = offset + normal(rng);
-      if ((r % 3 == 0 && j % 5 == 0) || r == 7) x = kNegInf;
+      if (masked && ((r % 3 == 0 && j % 5 == 0) || r == 7)) x = kNegInf;
     }
   }
   return s;
 }
 
-void CheckTwoTiles(float score_scale) {
+void CheckTwoTiles(float score_scale, bool masked) {
   constexpr int64_t rows = 37;
   constexpr int64_t padded = 48;  // round_up(rows, 16)
   std::mt19937 rng(1234);
@@ -56,9 +56,9 @@ void CheckTwoTiles(float score_scale) {
   std::vector<double> want_sum(rows, 0.0), want_max(rows, -HUGE_VAL);
   std::vector<uint16_t> p(static_cast<size_t>(rows * kBlockKv));
   for (int tile = 0; tile < 2; ++tile) {
-    const std::vector<float> s = ScoreTile(rows, tile, rng);
-    SoftmaxTileToBf16(s.data(), rows, score_scale, row_max.data(), row_sum.data(), alpha.data(),
-                      p.data());
+    const std::vector<float> s = ScoreTile(rows, tile, masked, rng);
+    SoftmaxTileToBf16(s.data(), rows, score_scale, masked, row_max.data(), row_sum.data(),
+                      alpha.data(), p.data());
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = s.data() + r * kBlockKv;
       float tile_max = kNegInf;
@@ -86,7 +86,7 @@ void CheckTwoTiles(float score_scale) {
       ASSERT_NEAR(row_sum[r], want_sum[r], 1e-5 * want_sum[r]) << "row " << r << " tile " << tile;
     }
   }
-  EXPECT_EQ(row_sum[7], 0.0f);  // the fully masked row
+  if (masked) EXPECT_EQ(row_sum[7], 0.0f);  // the fully masked row
 }
 
 bool CpuHasBf16() { return __builtin_cpu_supports("avx512bf16"); }
@@ -94,15 +94,17 @@ bool CpuHasBf16() { return __builtin_cpu_supports("avx512bf16"); }
 
 void TestPrescaledScores() {
 #if HWY_TARGET == HWY_AVX3
-  if (CpuHasBf16()) CheckTwoTiles(1.0f);
+  if (!CpuHasBf16()) return;
+  for (bool masked : {true, false}) CheckTwoTiles(1.0f, masked);
 #endif
 }
 
 void TestScaleFoldedIntoExponent() {
 #if HWY_TARGET == HWY_AVX3
-  if (CpuHasBf16()) {
-    CheckTwoTiles(0.125f);
-    CheckTwoTiles(0.08838834764831845f);  // 1 / sqrt(128), not a power of two
+  if (!CpuHasBf16()) return;
+  for (bool masked : {true, false}) {
+    CheckTwoTiles(0.125f, masked);
+    CheckTwoTiles(0.08838834764831845f, masked);  // 1 / sqrt(128), not a power of two
   }
 #endif
 }
