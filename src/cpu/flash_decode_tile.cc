@@ -228,7 +228,7 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
     // P goes to bf16 as the softmax computes it, except where dropout needs float32 P.
     if (p_in_bf16) {
 #if HWY_TARGET == HWY_AVX3
-      SoftmaxTileToBf16(ws.scores, rows, 1.0f, true, max_rows, sum_rows, alpha, ws.p_bf16);
+      SoftmaxTileToBf16(ws.scores, rows, 1.0f, max_rows, sum_rows, alpha, ws.p_bf16);
 #endif
     } else {
       SoftmaxTile(ws.scores, rows, nullptr, 1.0f, max_rows, sum_rows, alpha);

@@ -128,8 +128,7 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     float alpha[kBlockQ];
     if (p_in_bf16) {
 #if HWY_TARGET == HWY_AVX3
-      SoftmaxTileToBf16(ws.scores, rows, score_scale, needs_mask, ws.row_max, ws.row_sum, alpha,
-                        ws.p_bf16);
+      SoftmaxTileToBf16(ws.scores, rows, score_scale, ws.row_max, ws.row_sum, alpha, ws.p_bf16);
 #endif
     } else {
       SoftmaxTile(ws.scores, rows, trimmed ? &support : nullptr, score_scale, ws.row_max,

@@ -30,11 +30,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 #define SDPA_SOFTMAX_BF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 
 // kPrescaled: the scores are already scaled (score_scale 1) and subtract the max before
-// the multiply by log2 e, as in SoftmaxTile. kMasked: scores may be -inf, whose
-// exponentials the compare makes exact zeros; without masks, the only -inf or NaN
-// scores come from infinite inputs, and they give NaN as in the MATH backend. Template
-// arguments so that the choices are not made per vector.
-template <bool kPrescaled, bool kMasked>
+// the multiply by log2 e, as in SoftmaxTile; a template argument so that the choice is
+// not made per vector.
+template <bool kPrescaled>
 SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16Impl(
     const float* HWY_RESTRICT s, int64_t rows, float score_scale, float* HWY_RESTRICT row_max,
     float* HWY_RESTRICT row_sum, float* HWY_RESTRICT alpha, uint16_t* HWY_RESTRICT p) {
@@ -67,8 +65,9 @@ SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16Impl(
         for (int64_t half = 0; half < 2; ++half) {
           const V x = hn::LoadU(d, row + j + half * N);
           const V t = kPrescaled ? hn::Mul(hn::Sub(x, m), log2e) : hn::MulSub(x, c, off);
-          const __mmask16 keep =
-              kMasked ? _mm512_cmp_ps_mask(t.raw, lowest, _CMP_GE_OQ) : __mmask16{0xFFFF};
+          // Also on tiles without masks: a key scoring -inf (an infinite input) then drops
+          // out as in SoftmaxTile instead of turning the row sum into NaN.
+          const __mmask16 keep = _mm512_cmp_ps_mask(t.raw, lowest, _CMP_GE_OQ);
           e[half] = Exp2OrZero<true>(d, keep, t);
           v[k] = hn::Add(v[k], e[half]);
         }
@@ -84,19 +83,15 @@ SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16Impl(
 /// SoftmaxTile without a support (masked keys are already -inf) whose probabilities go to
 /// p instead of over the scores: row r of p (uint16_t bf16 bits, rows of kBlockKv) gets
 /// row r's probabilities rounded to nearest even. row_sum adds them before rounding, as
-/// FlashAttention-2 does on GPUs. s is read only. `masked`: the tile went through
-/// MaskScoreRow (it may hold -inf); false only for finite scores. Callers with dropout
-/// use SoftmaxTile: dropout draws on float32 P.
+/// FlashAttention-2 does on GPUs. s is read only. Callers with dropout use SoftmaxTile:
+/// dropout draws on float32 P.
 SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16(const float* HWY_RESTRICT s, int64_t rows,
-                                                     float score_scale, bool masked,
-                                                     float* HWY_RESTRICT row_max,
+                                                     float score_scale, float* HWY_RESTRICT row_max,
                                                      float* HWY_RESTRICT row_sum,
                                                      float* HWY_RESTRICT alpha,
                                                      uint16_t* HWY_RESTRICT p) {
   const auto impl =
-      score_scale == 1.0f
-          ? (masked ? &SoftmaxTileToBf16Impl<true, true> : &SoftmaxTileToBf16Impl<true, false>)
-          : (masked ? &SoftmaxTileToBf16Impl<false, true> : &SoftmaxTileToBf16Impl<false, false>);
+      score_scale == 1.0f ? &SoftmaxTileToBf16Impl<true> : &SoftmaxTileToBf16Impl<false>;
   impl(s, rows, score_scale, row_max, row_sum, alpha, p);
 }
 #undef SDPA_SOFTMAX_BF16_ATTR

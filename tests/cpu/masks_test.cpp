@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -143,8 +144,8 @@ TEST(Masks, WholeKeyTilesMasked) {
 // ---- causal with L != S -------------------------------------------------------------
 
 TEST(Causal, TopLeftWithQueryShorterAndLongerThanKeys) {
-  const std::pair<int64_t, int64_t> lengths[] = {{7, 63},  {63, 7},    {1, 1000},
-                                                  {1000, 1}, {257, 1000}, {1000, 257}};
+  const std::pair<int64_t, int64_t> lengths[] = {{7, 63},   {63, 7},     {1, 1000},
+                                                 {1000, 1}, {257, 1000}, {1000, 257}};
   for (const auto& [l, s] : lengths) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       Case c;
@@ -156,6 +157,46 @@ TEST(Causal, TopLeftWithQueryShorterAndLongerThanKeys) {
       c.dtype = dtype;
       c.causal = true;
       expect_cpu_backends_ran(c, check_case(c));
+    }
+  }
+}
+
+// ---- infinite inputs ----------------------------------------------------------------
+
+// A key with an infinite element scores -inf for the queries whose matching element is
+// negative: the fused kernels drop that key like a masked one (on full, unmasked tiles
+// too). Compared with the same call masking the key (its infinite element made finite).
+TEST(InfiniteInputs, MinusInfScoreDropsOutLikeAMaskedKey) {
+  const sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    std::mt19937 rng(11);
+    const int64_t L = 128, S = 128, E = 64, key = 3, element = 5;
+    Tensor q = random_tensor({1, 2, L, E}, DType::kFloat32, Layout::kBHSD, rng);
+    Tensor k = random_tensor({1, 2, S, E}, DType::kFloat32, Layout::kBHSD, rng);
+    const Tensor v = random_tensor({1, 2, S, E}, DType::kFloat32, Layout::kBHSD, rng);
+    for (int64_t i = 0; i < 2 * L; ++i) {
+      float& x = q.data<float>()[i * E + element];
+      x = -std::fabs(x) - 0.125f;
+    }
+    Tensor keep = Tensor::full({S}, 1.0, DType::kBool);
+    keep.data<bool>()[key] = false;
+    SDPAOptions masked;
+    masked.attn_mask = keep;
+    const Tensor want = scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), masked)
+                            .to(DType::kFloat32);
+    for (int64_t h = 0; h < 2; ++h) {
+      k.data<float>()[(h * S + key) * E + element] = std::numeric_limits<float>::infinity();
+    }
+    const Tensor got =
+        scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype)).to(DType::kFloat32);
+    // The two calls scale the scores at different steps (masked tiles before the softmax).
+    const float* g = got.data<float>();
+    const float* w = want.data<float>();
+    float largest = 0.0f;
+    for (int64_t i = 0; i < want.numel(); ++i) largest = std::max(largest, std::fabs(w[i]));
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      ASSERT_NEAR(g[i], w[i], tolerance_for(dtype).out_rel * largest)
+          << dtype_name(dtype) << " element " << i;
     }
   }
 }
