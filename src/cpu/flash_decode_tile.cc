@@ -153,6 +153,12 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
   std::fill(row_max, row_max + rows, kNegInf);
   std::fill(row_sum, row_sum + rows, 0.0f);
   if (visible.empty()) return;
+  // The tile loop requests rows kPrefetchRows ahead of those it reads: request the chunk's
+  // first rows here, so that its start does not wait for them one demand miss at a time.
+  for (int64_t j = visible.begin; j < std::min(visible.begin + kPrefetchRows, visible.end); ++j) {
+    Prefetch(k_rows, j);
+    Prefetch(v_rows, j);
+  }
   // SoftmaxTile's running state, in whole vectors of rows; copied out at the end.
   HWY_ALIGN float max_rows[kDecodeMaxRows], sum_rows[kDecodeMaxRows], alpha[kDecodeMaxRows];
   std::fill(max_rows, max_rows + kDecodeMaxRows, kNegInf);
