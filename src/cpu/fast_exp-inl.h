@@ -71,7 +71,8 @@ HWY_INLINE V Exp2Clamped(D d, V t) {
 // Exp2Clamped (both products by 2^n are exact); the masked vscalefps writes the exact
 // zeros, so -inf and tiny arguments need neither a clamp from below nor a blend: 13
 // instructions instead of 20. kForBf16, for the bf16 softmax: the fraction by
-// Exp2FractionBf16 and no clamp, as its exponents are <= 0 (max subtracted).
+// Exp2FractionBf16 and no clamp, as its exponents are small: <= 0 with the max subtracted,
+// <= 8 under QkSoftmaxTileBf16's lazy max.
 template <bool kForBf16 = false, class D>
 HWY_INLINE hn::Vec512<float> Exp2OrZero(D d, __mmask16 keep, hn::Vec512<float> t) {
   if (!kForBf16) t = hn::Min(t, hn::Set(d, 127.0f));

@@ -24,11 +24,15 @@ FlashScratch::FlashScratch(const AttentionParams& params)
       flex(params.mask, kBlockKv) {
   const int64_t head_dim_qk = params.head_dim_qk, head_dim_vo = params.head_dim_vo;
   // The bf16 buffers hold two elements per float slot.
-  const int64_t sizes[] = {kBlockQ * head_dim_qk, kBlockQ * kBlockKv,
-                           kBlockQ * head_dim_vo_padded, kBlockQ, kBlockQ,
+  const int64_t sizes[] = {kBlockQ * head_dim_qk,
+                           kBlockQ * kBlockKv,
+                           kBlockQ * head_dim_vo_padded,
+                           kBlockQ,
+                           kBlockQ,
                            std::max(head_dim_qk, head_dim_vo),
                            bf16_dot ? kBlockQ * head_dim_qk_pairs2 / 2 : 0,
-                           bf16_dot ? kBlockQ * kBlockKv / 2 : 0};
+                           bf16_dot ? kBlockQ * kBlockKv / 2 : 0,
+                           bf16_dot ? kBlockQ * 16 : 0};
   int64_t total = 0;
   for (int64_t s : sizes) total += round_up(s, kMaxLanes);
   buffer_ = Tensor::empty({total}, DType::kFloat32);
@@ -46,6 +50,7 @@ FlashScratch::FlashScratch(const AttentionParams& params)
   row = slots[5];
   q_bf16 = reinterpret_cast<uint16_t*>(slots[6]);
   p_bf16 = reinterpret_cast<uint16_t*>(slots[7]);
+  sum_lanes = slots[8];
 }
 
 FlashScratch::~FlashScratch() = default;

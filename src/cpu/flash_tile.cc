@@ -14,6 +14,7 @@
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/philox.h"
+#include "cpu/qk_softmax_bf16-inl.h"
 #include "cpu/softmax_bf16-inl.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/contrib/math/math-inl.h"
@@ -23,6 +24,62 @@ HWY_BEFORE_NAMESPACE();
 namespace sdpa::cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+
+// The rows of a q-block in one key tile, and the keys each row sees there.
+struct TileRows {
+  int64_t q_begin, rows, j0, cols;
+  const ColumnRange* keys;     // per row: keys kept (BlockMask rows: their kept hull)
+  const bool* blocks_applied;  // per row: FlexRowSupport applied its BlockMask
+  const RowSupport* support;   // float32 path: per row, the columns to compute
+};
+
+// Scores of tile t (q.k^T, biases, score_mod, masks), then the online softmax: P goes to
+// ws.p_bf16 when p_in_bf16, else over ws.scores; alpha gets the accumulator factors.
+void ScoresAndSoftmax(const AttentionParams& p, const DenseMaskRows& dense, FlashScratch& ws,
+                      const PackedKv::Tile& t, int64_t b, int64_t h, const TileRows& tr,
+                      bool needs_mask, bool p_in_bf16, float* alpha) {
+  const int64_t rows = tr.rows, E = p.head_dim_qk;
+  const bool alibi = !p.mask.alibi_slopes.empty();
+  // Scores still to be multiplied by the scale: the softmax folds it into its exponent.
+  float score_scale = 1.0f;
+  if (HWY_TARGET == HWY_AVX3 && ws.bf16_dot) {
+#if HWY_TARGET == HWY_AVX3
+    const int64_t e2 = ws.head_dim_qk_pairs2;
+    const float scale = static_cast<float>(p.scale);
+    Bf16Gemm(rows, kBlockKv, e2 / 2, ws.q_bf16, e2, t.k_pairs, ws.scores, kBlockKv, false);
+    if (needs_mask || alibi || !(scale > 0.0f)) {  // masks and biases add to scaled scores
+      ScaleRow(ws.scores, rows * kBlockKv, scale);
+    } else {
+      score_scale = scale;
+    }
+#endif
+  } else if (tr.support) {
+    GemmRowSupport(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, *tr.support);
+  } else {
+    Gemm(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, false);
+  }
+
+  if (alibi) AlibiTile(p, h, tr.q_begin, rows, tr.j0, ws.scores);
+  const bool tile_score_mod = needs_mask && ws.flex.score_mod.has_value();
+  if (tile_score_mod) {
+    ScoreModTile(p, dense, ws.flex, b, h, tr.q_begin, rows, tr.keys, tr.j0, tr.cols, ws.scores,
+                 alibi);
+  }
+  if (needs_mask) {
+    for (int64_t r = 0; r < rows; ++r) {
+      MaskScoreRow(p, dense, &ws.flex, b, h, tr.q_begin + r, tr.keys[r], tr.j0, tr.cols,
+                   ws.scores + r * kBlockKv, nullptr,
+                   {tile_score_mod, tr.blocks_applied[r], alibi});
+    }
+  }
+  if (p_in_bf16) {
+#if HWY_TARGET == HWY_AVX3
+    SoftmaxTileToBf16(ws.scores, rows, score_scale, ws.row_max, ws.row_sum, alpha, ws.p_bf16);
+#endif
+  } else {
+    SoftmaxTile(ws.scores, rows, tr.support, score_scale, ws.row_max, ws.row_sum, alpha);
+  }
+}
 
 void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_t h,
                  int64_t q_begin, int64_t generation, FlashScratch& ws, const Tensor& out,
@@ -63,6 +120,11 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
   for (int64_t r = 0; r < rows; ++r) {
     ws.row_keys[r] = row_columns(p.mask, b, q_begin + r, L, S);
   }
+#if HWY_TARGET == HWY_AVX3
+  // Whether sum_lanes holds row sums not yet in row_sum (QkSoftmaxTileBf16).
+  bool sums_in_lanes = false;
+  if (bf16) std::fill(ws.sum_lanes, ws.sum_lanes + rows * 16, 0.0f);
+#endif
 
   // Key tiles outside every row's band are never visited.
   const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
@@ -97,42 +159,22 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
         trimmed = trimmed || begin[r] > 0 || end[r] < cols;
       }
     }
-    // Scores still to be multiplied by the scale: the softmax folds it into its exponent.
-    float score_scale = 1.0f;
-    if (bf16) {
-#if HWY_TARGET == HWY_AVX3
-      Bf16Gemm(rows, kBlockKv, e2 / 2, ws.q_bf16, e2, t.k_pairs, ws.scores, kBlockKv, false);
-      if (needs_mask || alibi || !(scale > 0.0f)) {  // masks and biases add to scaled scores
-        ScaleRow(ws.scores, rows * kBlockKv, scale);
-      } else {
-        score_scale = scale;
-      }
-#endif
-    } else if (trimmed) {
-      GemmRowSupport(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, support);
-    } else {
-      Gemm(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, false);
-    }
-
-    if (alibi) AlibiTile(p, h, q_begin, rows, j0, ws.scores);
-    const bool tile_score_mod = needs_mask && ws.flex.score_mod.has_value();
-    if (tile_score_mod) {
-      ScoreModTile(p, dense, ws.flex, b, h, q_begin, rows, keys, j0, cols, ws.scores, alibi);
-    }
-    if (needs_mask) {
-      for (int64_t r = 0; r < rows; ++r) {
-        MaskScoreRow(p, dense, &ws.flex, b, h, q_begin + r, keys[r], j0, cols,
-                     ws.scores + r * kBlockKv, nullptr, {tile_score_mod, blocks_applied[r], alibi});
-      }
-    }
     float alpha[kBlockQ];
-    if (p_in_bf16) {
+    if (p_in_bf16 && !needs_mask && !alibi && scale > 0.0f) {
 #if HWY_TARGET == HWY_AVX3
-      SoftmaxTileToBf16(ws.scores, rows, score_scale, ws.row_max, ws.row_sum, alpha, ws.p_bf16);
+      // Nothing changes the scores: q.k^T and the softmax in registers.
+      QkSoftmaxTileBf16(ws.q_bf16, e2, rows, t.k_pairs, e2 / 2, scale, ws.row_max, ws.row_sum,
+                        ws.sum_lanes, alpha, ws.p_bf16);
+      sums_in_lanes = true;
 #endif
     } else {
-      SoftmaxTile(ws.scores, rows, trimmed ? &support : nullptr, score_scale, ws.row_max,
-                  ws.row_sum, alpha);
+#if HWY_TARGET == HWY_AVX3
+      if (sums_in_lanes) FoldSumLanes(rows, ws.sum_lanes, ws.row_sum);
+      sums_in_lanes = false;
+#endif
+      const TileRows tile_rows{
+          q_begin, rows, j0, cols, keys, blocks_applied, trimmed ? &support : nullptr};
+      ScoresAndSoftmax(p, dense, ws, t, b, h, tile_rows, needs_mask, p_in_bf16, alpha);
     }
     for (int64_t r = 0; r < rows; ++r) {
       if (alpha[r] != 1.0f) ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha[r]);
@@ -159,6 +201,9 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     }
   }
 
+#if HWY_TARGET == HWY_AVX3
+  if (sums_in_lanes) FoldSumLanes(rows, ws.sum_lanes, ws.row_sum);
+#endif
   const RowView out_rows(out, b, h);
   float* lse_row = lse.data<float>() + (b * p.num_heads_q + h) * L + q_begin;
   for (int64_t r = 0; r < rows; ++r) {

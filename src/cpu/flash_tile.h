@@ -46,6 +46,8 @@ struct FlashScratch {
   float* row;
   uint16_t* q_bf16;  ///< [kBlockQ, head_dim_qk_pairs2] bf16 bits, unscaled
   uint16_t* p_bf16;  ///< [kBlockQ, kBlockKv] bf16 bits of P
+  /// [kBlockQ, 16]: per row, lanes of row sums not yet in row_sum (QkSoftmaxTileBf16).
+  float* sum_lanes;
   /// row_columns() of the current q-block's rows.
   ColumnRange row_keys[kBlockQ];
   /// Flex program buffers and BlockMask lookup (inactive without flex).

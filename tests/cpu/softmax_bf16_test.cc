@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "common/bf16_bits.h"
 #include "cpu/softmax_bf16-inl.h"
 #include "hwy/highway.h"
 #include "hwy/tests/hwy_gtest.h"
@@ -24,12 +25,8 @@ namespace sdpa::cpu {
 namespace HWY_NAMESPACE {
 
 #if HWY_TARGET == HWY_AVX3
-double Bf16ToDouble(uint16_t bits) {
-  const uint32_t word = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &word, sizeof value);
-  return value;
-}
+using test::Bf16ToDouble;
+using test::CpuHasBf16;
 
 // A tile of `rows` score rows: normal scores of standard deviation 3 around a per-row
 // offset; when `masked`, every 5th key of row 3k is -inf and row 7 is fully masked. Tile 1
@@ -88,8 +85,6 @@ void CheckTwoTiles(float score_scale, bool masked) {
   }
   if (masked) EXPECT_EQ(row_sum[7], 0.0f);  // the fully masked row
 }
-
-bool CpuHasBf16() { return __builtin_cpu_supports("avx512bf16"); }
 #endif
 
 void TestPrescaledScores() {
