@@ -76,6 +76,7 @@ SDPA_QK_SOFTMAX_ATTR inline void QkSoftmaxRowsBf16(
   const V c{_mm512_set1_ps(score_scale * kLog2e)};
   const __m512 lowest = _mm512_set1_ps(-125.5f);   // FastExp2's zero threshold
   const float slack = kLazyMaxSlackLog2 / kLog2e;  // in scaled-score units
+#pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) {
     float m = row_max[r];
     // Raw scores above `bound` would give probabilities above 2^slack (none when m is
