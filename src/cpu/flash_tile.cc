@@ -13,6 +13,7 @@
 #include "cpu/bf16_dot.h"
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
+#include "cpu/pack_bf16.h"
 #include "cpu/philox.h"
 #include "cpu/qk_softmax_bf16-inl.h"
 #include "cpu/softmax_bf16-inl.h"
@@ -103,12 +104,7 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
   if (bf16) {
     // q as bf16 bits, unscaled (scale multiplies the float32 scores: exact either way for
     // powers of two, one rounding less otherwise).
-    for (int64_t r = 0; r < rows; ++r) {
-      const uint16_t* src = static_cast<const uint16_t*>(q_rows.row_data(q_begin + r));
-      uint16_t* dst = ws.q_bf16 + r * e2;
-      for (int64_t e = 0; e < E; ++e) dst[e] = src[e * q_rows.col_stride()];
-      std::fill(dst + E, dst + e2, uint16_t{0});
-    }
+    pack_bf16_rows(q_rows, q_begin, rows, E, e2, ws.q_bf16);
   } else {
     pack_rows(q_rows, q_begin, rows, E, E, ws.q, scale);
   }
