@@ -85,6 +85,25 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys
 /// Value elements per block of Bf16AccumulateValues' output order.
 inline constexpr int64_t kValueBlock = 32;
 
+/// Rows that Bf16AccumulateValues requests into L2 while it reads its own: rows [0, n) of
+/// `rows`, spaced and sized like its value rows (the next tile's value rows in decoding).
+struct RowsAhead {
+  const uint16_t* rows = nullptr;
+  int64_t n = 0;
+};
+
+// Requests rows [begin, min(end, ahead.n)) of `ahead` (prefetcht1, as the decode tile loop
+// requests its rows: flash_decode_tile.cc).
+inline void PrefetchRows(const RowsAhead& ahead, int64_t row_stride, int64_t elements,
+                         int64_t begin, int64_t end) {
+  const char* first = reinterpret_cast<const char*>(ahead.rows);
+  for (int64_t c = begin; c < std::min(end, ahead.n); ++c) {
+    for (int64_t offset = 0; offset < elements * 2; offset += 64) {
+      __builtin_prefetch(first + c * row_stride * 2 + offset, 0, 2);
+    }
+  }
+}
+
 // a[r][*] += (P[r][c], P[r][c + 1]) . (value rows c, c + 1) over kBlocks blocks of 32
 // elements, the last one masked to `tail` when kTail; without kPair, row c + 1 reads as 0
 // (an odd last key: its P padding column weighs 0). vpunpck{l,h}wd interleave the two
@@ -94,7 +113,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline voi
     __m512 (&a)[kRows][2 * kBlocks], const uint16_t* p, int64_t ld_p, const uint16_t* row0,
     int64_t value_stride, int64_t c, __mmask32 tail) {
   __m512bh pairs[2 * kBlocks];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int blk = 0; blk < kBlocks; ++blk) {
     const bool masked = kTail && blk == kBlocks - 1;
     const __mmask32 load = masked ? tail : ~__mmask32{0};
@@ -104,12 +123,12 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline voi
     pairs[2 * blk] = (__m512bh)_mm512_unpacklo_epi16(x, y);
     pairs[2 * blk + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 2
   for (int r = 0; r < kRows; ++r) {
     int32_t weights;
     std::memcpy(&weights, p + r * ld_p + c, sizeof weights);
     const __m512bh w = (__m512bh)_mm512_set1_epi32(weights);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < 2 * kBlocks; ++j) a[r][j] = _mm512_dpbf16_ps(a[r][j], w, pairs[j]);
   }
 }
@@ -117,31 +136,40 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline voi
 // acc rows r < kRows, kBlocks blocks of 32 elements (two vectors each), += P . values for
 // the n keys, with the accumulators held in registers over all of them.
 template <int kRows, int kBlocks, bool kTail>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ValueTile(
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void Bf16ValueTile(
     const uint16_t* p, int64_t ld_p, const uint16_t* values, int64_t value_stride, int64_t n,
-    __mmask32 tail, float* acc, int64_t ld_acc) {
+    __mmask32 tail, float* acc, int64_t ld_acc, const RowsAhead& ahead, int64_t ahead_elements) {
   constexpr int kVecs = 2 * kBlocks;
   __m512 a[kRows][kVecs];
-#pragma GCC unroll 4
+#pragma GCC unroll 2
   for (int r = 0; r < kRows; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < kVecs; ++j) a[r][j] = _mm512_loadu_ps(acc + r * ld_acc + 16 * j);
   }
   int64_t c = 0;
   for (; c + 1 < n; c += 2) {
+    PrefetchRows(ahead, value_stride, ahead_elements, c, c + 2);
     AccumulateKeyPair<kRows, kBlocks, kTail, true>(a, p, ld_p, values + c * value_stride,
                                                    value_stride, c, tail);
   }
   if (c < n) {
+    PrefetchRows(ahead, value_stride, ahead_elements, c, c + 2);
     AccumulateKeyPair<kRows, kBlocks, kTail, false>(a, p, ld_p, values + c * value_stride,
                                                     value_stride, c, tail);
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 2
   for (int r = 0; r < kRows; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < kVecs; ++j) _mm512_storeu_ps(acc + r * ld_acc + 16 * j, a[r][j]);
   }
 }
+
+/// Most blocks one pass of Bf16AccumulateValues covers. Whole value rows (head_dim_v <= 128)
+/// in one pass keep the reads in address order, which the hardware prefetchers follow;
+/// half-row passes read every other pair of cache lines and decoded slower (benchmarks.md).
+inline constexpr int kValueBlocksPerPass = 4;
+/// Query rows per pass: two rows of kValueBlocksPerPass blocks are 16 accumulators.
+inline constexpr int kValueRowsPerPass = 2;
 
 /// P.v of few query rows over value rows read in place (decoding):
 /// acc[r * ld_acc + e'] += sum_c P[r][c] value_c[e] for r < rows, c < n, e < head_dim_v,
@@ -150,43 +178,40 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ValueTile
 /// stride; nothing past them is read). acc rows are padded to a multiple of kValueBlock
 /// floats and come out in the order ValueOrderToElements describes and restores (once per
 /// row at the end): vpunpck{l,h}wd interleave two rows within 128-bit lanes, cheaper than
-/// the cross-lane permute that element order would need.
+/// the cross-lane permute that element order would need. The rows `ahead` are requested
+/// into L2 along the way: memory streams them while this computes (benchmarks.md).
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16AccumulateValues(
     const uint16_t* p, int64_t rows, int64_t ld_p, const uint16_t* values, int64_t value_stride,
-    int64_t head_dim_v, int64_t n, float* acc, int64_t ld_acc) {
-  for (int64_t e = 0; e < head_dim_v; e += 2 * kValueBlock) {
-    const int64_t lanes = std::min<int64_t>(head_dim_v - e, 2 * kValueBlock);
-    const int blocks = lanes > kValueBlock ? 2 : 1;
+    int64_t head_dim_v, int64_t n, float* acc, int64_t ld_acc, const RowsAhead& ahead) {
+  using Tile = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, __mmask32,
+                        float*, int64_t, const RowsAhead&, int64_t);
+  // [query rows - 1][blocks - 1][last block masked]
+  static constexpr Tile kTiles[kValueRowsPerPass][kValueBlocksPerPass][2] = {
+      {{Bf16ValueTile<1, 1, false>, Bf16ValueTile<1, 1, true>},
+       {Bf16ValueTile<1, 2, false>, Bf16ValueTile<1, 2, true>},
+       {Bf16ValueTile<1, 3, false>, Bf16ValueTile<1, 3, true>},
+       {Bf16ValueTile<1, 4, false>, Bf16ValueTile<1, 4, true>}},
+      {{Bf16ValueTile<2, 1, false>, Bf16ValueTile<2, 1, true>},
+       {Bf16ValueTile<2, 2, false>, Bf16ValueTile<2, 2, true>},
+       {Bf16ValueTile<2, 3, false>, Bf16ValueTile<2, 3, true>},
+       {Bf16ValueTile<2, 4, false>, Bf16ValueTile<2, 4, true>}}};
+  constexpr int64_t kPass = kValueBlocksPerPass * kValueBlock;
+  for (int64_t e = 0; e < head_dim_v; e += kPass) {
+    const int64_t lanes = std::min(head_dim_v - e, kPass);
+    const int64_t blocks = (lanes + kValueBlock - 1) / kValueBlock;
     const int64_t last = lanes - (blocks - 1) * kValueBlock;  // elements in the last block
     const bool masked = last < kValueBlock;
     const __mmask32 tail = masked ? (__mmask32{1} << last) - 1 : ~__mmask32{0};
-    for (int64_t r = 0; r < rows; r += 4) {
-      const int m = static_cast<int>(std::min<int64_t>(4, rows - r));
-      const uint16_t* pr = p + r * ld_p;
-      float* ar = acc + r * ld_acc + e;
-      const uint16_t* ve = values + e;
-#define SDPA_BF16_VALUE_TILE(R)                                                           \
-  if (blocks == 1) {                                                                      \
-    masked ? Bf16ValueTile<R, 1, true>(pr, ld_p, ve, value_stride, n, tail, ar, ld_acc)   \
-           : Bf16ValueTile<R, 1, false>(pr, ld_p, ve, value_stride, n, tail, ar, ld_acc); \
-  } else {                                                                                \
-    masked ? Bf16ValueTile<R, 2, true>(pr, ld_p, ve, value_stride, n, tail, ar, ld_acc)   \
-           : Bf16ValueTile<R, 2, false>(pr, ld_p, ve, value_stride, n, tail, ar, ld_acc); \
-  }                                                                                       \
-  break
-      switch (m) {
-        case 1:
-          SDPA_BF16_VALUE_TILE(1);
-        case 2:
-          SDPA_BF16_VALUE_TILE(2);
-        case 3:
-          SDPA_BF16_VALUE_TILE(3);
-        default:
-          SDPA_BF16_VALUE_TILE(4);
-      }
-#undef SDPA_BF16_VALUE_TILE
+    for (int64_t r = 0; r < rows; r += kValueRowsPerPass) {
+      const int64_t m = std::min<int64_t>(kValueRowsPerPass, rows - r);
+      // The first pass requests the rows ahead, a pair per pair of keys it reads.
+      const bool first = e == 0 && r == 0;
+      kTiles[m - 1][blocks - 1][masked](p + r * ld_p, ld_p, values + e, value_stride, n, tail,
+                                         acc + r * ld_acc + e, ld_acc,
+                                         first ? ahead : RowsAhead{}, head_dim_v);
     }
   }
+  PrefetchRows(ahead, value_stride, head_dim_v, (n + 1) / 2 * 2, ahead.n);  // more than n
 }
 
 /// Puts an accumulator row of Bf16AccumulateValues ([0, n), n a multiple of kValueBlock)

@@ -171,7 +171,8 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
   const uint16_t* tile_rows[kBlockKv];
   HWY_ALIGN uint16_t tails[kBlockKv * kSplit];
 #endif
-  for (int64_t j0 = visible.begin / kBlockKv * kBlockKv; j0 < visible.end; j0 += kBlockKv) {
+  const int64_t first_tile_end = visible.begin / kBlockKv * kBlockKv + kBlockKv;
+  for (int64_t j0 = first_tile_end - kBlockKv; j0 < visible.end; j0 += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, S - j0);
     const int64_t c_begin = std::max<int64_t>(visible.begin - j0, 0);
     const int64_t c_end = std::min(cols, visible.end - j0);
@@ -182,13 +183,14 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
     if (bf16_keys) {
 #if HWY_TARGET == HWY_AVX3
       // 16 keys at a time, each group requesting the rows kPrefetchRows ahead of it (a
-      // whole tile's requests at once overflow the miss queues and are dropped). The
-      // value rows are requested here too: P.v then runs over the whole tile at once.
+      // whole tile's requests at once overflow the miss queues and are dropped). Value
+      // rows are requested by the P.v pass of the tile before theirs, except the first
+      // tile's, requested here with the keys.
       for (int64_t c = g_begin; c < g_end; c += 16) {
         for (int64_t k = c; k < c + 16; ++k) {
           const int64_t ahead = std::min(j0 + k + kPrefetchRows, S - 1);
           Prefetch(k_rows, ahead);
-          if (bf16_values) Prefetch(v_rows, ahead);
+          if (bf16_values && ahead < first_tile_end) Prefetch(v_rows, ahead);
         }
         Bf16ScoreKeys(ws.q_bf16, rows, e_pad, static_cast<const uint16_t*>(k_rows.row_data(j0 + c)),
                       k_rows.row_stride(), E, S - j0 - c, 16, scale, ws.scores + c, kBlockKv);
@@ -255,9 +257,16 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
       for (int64_t r = 0; r < rows && !p_in_bf16; ++r) {
         ConvertRowToBf16(ws.scores + r * kBlockKv, ws.p_bf16 + r * kBlockKv, kBlockKv);
       }
+      // The P.v pass requests the next tile's value rows while it reads these: memory
+      // then streams values during P.v and keys during the scores, instead of idling
+      // through P.v with both requested in bursts during the scores.
+      const int64_t next = j0 + kBlockKv;
+      const RowsAhead ahead{
+          next < visible.end ? static_cast<const uint16_t*>(v_rows.row_data(next)) : nullptr,
+          std::clamp<int64_t>(visible.end - next, 0, kBlockKv)};
       Bf16AccumulateValues(ws.p_bf16 + pair_begin, rows, kBlockKv,
                            static_cast<const uint16_t*>(v_rows.row_data(j0 + pair_begin)),
-                           v_rows.row_stride(), Ev, c_end - pair_begin, acc, ev_pad);
+                           v_rows.row_stride(), Ev, c_end - pair_begin, acc, ev_pad, ahead);
 #endif
     } else if (split_values) {
 #if HWY_TARGET != HWY_SCALAR
