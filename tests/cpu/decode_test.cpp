@@ -95,6 +95,7 @@ TEST(Decode, Bf16RowsInPlaceOddHeadDimsAndRowCounts) {
                           {6, 1, 1, 24, 200, Layout::kSliceD},
                           {7, 1, 1, 1, 17, Layout::kBSHD},
                           {8, 2, 2, 128, 128, Layout::kSliceD},
+                          {5, 1, 1, 64, 96, Layout::kBSHD},
                           {4, 2, 3, 33, 67, Layout::kStridedD}};
   for (const std::string& capability : capabilities()) {
     bcpu::set_cpu_capability(capability);
