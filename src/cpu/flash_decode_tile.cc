@@ -259,11 +259,11 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
       }
       // The P.v pass requests the next tile's value rows while it reads these: memory
       // then streams values during P.v and keys during the scores, instead of idling
-      // through P.v with both requested in bursts during the scores.
+      // through P.v with both requested in bursts during the scores. Like the keys, past
+      // the chunk's end: the next chunk is usually this thread's next item (flash_decode).
       const int64_t next = j0 + kBlockKv;
-      const RowsAhead ahead{
-          next < visible.end ? static_cast<const uint16_t*>(v_rows.row_data(next)) : nullptr,
-          std::clamp<int64_t>(visible.end - next, 0, kBlockKv)};
+      const RowsAhead ahead{next < S ? static_cast<const uint16_t*>(v_rows.row_data(next)) : nullptr,
+                            std::clamp<int64_t>(S - next, 0, kBlockKv)};
       Bf16AccumulateValues(ws.p_bf16 + pair_begin, rows, kBlockKv,
                            static_cast<const uint16_t*>(v_rows.row_data(j0 + pair_begin)),
                            v_rows.row_stride(), Ev, c_end - pair_begin, acc, ev_pad, ahead);
