@@ -166,18 +166,22 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline voi
   }
 }
 
-// acc rows r < kRows, kBlocks blocks of 32 elements (two vectors each), += P . values for
-// the n keys, with the accumulators held in registers over all of them.
+// acc rows r < kRows, kBlocks blocks of 32 elements (two vectors each), = alpha[r] acc +
+// P . values for the n keys, with the accumulators held in registers over all of them.
 template <int kRows, int kBlocks, bool kTail>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void Bf16ValueTile(
     const uint16_t* p, int64_t ld_p, const uint16_t* values, int64_t value_stride, int64_t n,
-    __mmask32 tail, float* acc, int64_t ld_acc, const RowsAhead& ahead, int64_t ahead_elements) {
+    __mmask32 tail, const float* alpha, float* acc, int64_t ld_acc, const RowsAhead& ahead,
+    int64_t ahead_elements) {
   constexpr int kVecs = 2 * kBlocks;
   __m512 a[kRows][kVecs];
 #pragma GCC unroll 2
   for (int r = 0; r < kRows; ++r) {
+    const __m512 scale = _mm512_set1_ps(alpha[r]);
 #pragma GCC unroll 8
-    for (int j = 0; j < kVecs; ++j) a[r][j] = _mm512_loadu_ps(acc + r * ld_acc + 16 * j);
+    for (int j = 0; j < kVecs; ++j) {
+      a[r][j] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * ld_acc + 16 * j), scale);
+    }
   }
   int64_t c = 0;
   for (; c + 1 < n; c += 2) {
@@ -204,8 +208,10 @@ inline constexpr int kValueBlocksPerPass = 4;
 /// Query rows per pass: two rows of kValueBlocksPerPass blocks are 16 accumulators.
 inline constexpr int kValueRowsPerPass = 2;
 
-/// P.v of few query rows over value rows read in place (decoding):
-/// acc[r * ld_acc + e'] += sum_c P[r][c] value_c[e] for r < rows, c < n, e < head_dim_v,
+/// P.v of few query rows over value rows read in place (decoding), with the online
+/// softmax's rescale of the rows so far folded into the accumulator loads:
+/// acc[r * ld_acc + e'] = alpha[r] acc[r * ld_acc + e'] + sum_c P[r][c] value_c[e] for
+/// r < rows, c < n, e < head_dim_v,
 /// where P is bf16 bits (p + r * ld_p, n rounded up to even readable, the padding column
 /// weighing 0) and value_c = values + c * value_stride (head_dim_v bf16 elements, unit
 /// stride; nothing past them is read). acc rows are padded to a multiple of kValueBlock
@@ -215,9 +221,10 @@ inline constexpr int kValueRowsPerPass = 2;
 /// into L2 along the way: memory streams them while this computes (benchmarks.md).
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16AccumulateValues(
     const uint16_t* p, int64_t rows, int64_t ld_p, const uint16_t* values, int64_t value_stride,
-    int64_t head_dim_v, int64_t n, float* acc, int64_t ld_acc, const RowsAhead& ahead) {
+    int64_t head_dim_v, int64_t n, const float* alpha, float* acc, int64_t ld_acc,
+    const RowsAhead& ahead) {
   using Tile = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, __mmask32,
-                        float*, int64_t, const RowsAhead&, int64_t);
+                        const float*, float*, int64_t, const RowsAhead&, int64_t);
   // [query rows - 1][blocks - 1][last block masked]
   static constexpr Tile kTiles[kValueRowsPerPass][kValueBlocksPerPass][2] = {
       {{Bf16ValueTile<1, 1, false>, Bf16ValueTile<1, 1, true>},
@@ -240,7 +247,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16Accumulat
       // The first pass requests the rows ahead, a pair per pair of keys it reads.
       const bool first = e == 0 && r == 0;
       kTiles[m - 1][blocks - 1][masked](p + r * ld_p, ld_p, values + e, value_stride, n, tail,
-                                         acc + r * ld_acc + e, ld_acc,
+                                         alpha + r, acc + r * ld_acc + e, ld_acc,
                                          first ? ahead : RowsAhead{}, head_dim_v);
     }
   }

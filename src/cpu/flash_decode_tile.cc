@@ -242,7 +242,8 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
       SoftmaxTile(ws.scores, rows, nullptr, 1.0f, max_rows, sum_rows, alpha);
     }
     for (int64_t r = 0; r < rows; ++r) {
-      if (alpha[r] != 1.0f) ScaleRow(acc + r * ev_pad, ev_pad, alpha[r]);
+      // The bf16 P.v rescales its accumulators as it loads them.
+      if (alpha[r] != 1.0f && !bf16_values) ScaleRow(acc + r * ev_pad, ev_pad, alpha[r]);
       if (p.has_dropout()) {
         const int64_t h = hk * G + r / L, i = r % L;
         const int64_t element = ((b * p.num_heads_q + h) * L + i) * S + j0;
@@ -266,7 +267,8 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
                             std::clamp<int64_t>(S - next, 0, kBlockKv)};
       Bf16AccumulateValues(ws.p_bf16 + pair_begin, rows, kBlockKv,
                            static_cast<const uint16_t*>(v_rows.row_data(j0 + pair_begin)),
-                           v_rows.row_stride(), Ev, c_end - pair_begin, acc, ev_pad, ahead);
+                           v_rows.row_stride(), Ev, c_end - pair_begin, alpha, acc, ev_pad,
+                           ahead);
 #endif
     } else if (split_values) {
 #if HWY_TARGET != HWY_SCALAR
