@@ -251,7 +251,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16Accumulat
                                          first ? ahead : RowsAhead{}, head_dim_v);
     }
   }
-  PrefetchRows(ahead, value_stride, head_dim_v, (n + 1) / 2 * 2, ahead.n);  // more than n
+  // Rows ahead past those the key pairs requested (when ahead.n > n).
+  PrefetchRows(ahead, value_stride, head_dim_v, (n + 1) / 2 * 2, ahead.n);
 }
 
 /// Puts an accumulator row of Bf16AccumulateValues ([0, n), n a multiple of kValueBlock)
