@@ -2,6 +2,8 @@
 // Strided row access to [B, H, N, D] tensors in any floating dtype, converting to and from
 // the compute type. The dtype switch sits outside the element loop.
 
+#include <immintrin.h>
+
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -25,6 +27,37 @@ S narrow(T x) {
   }
 }
 
+/// Whether this CPU has the F16C half <-> float conversions (every AVX2 CPU does).
+inline bool has_f16c() {
+  static const bool available = __builtin_cpu_supports("f16c");
+  return available;
+}
+
+/// dst[c] = float(src[c]) * multiplier for c < n, through F16C (has_f16c()). Finite and
+/// infinite values convert exactly as float16's portable conversion; NaNs stay NaN.
+__attribute__((target("avx,f16c"))) inline void HalfRowToFloat(const uint16_t* src, int64_t n,
+                                                              float multiplier, float* dst) {
+  const __m256 m = _mm256_set1_ps(multiplier);
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + c));
+    _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_cvtph_ps(h), m));
+  }
+  for (; c < n; ++c) dst[c] = _cvtsh_ss(src[c]) * multiplier;
+}
+
+/// dst[c] = float16(src[c]) for c < n through F16C (has_f16c()): round to nearest even,
+/// as float16's portable conversion.
+__attribute__((target("avx,f16c"))) inline void FloatRowToHalf(const float* src, int64_t n,
+                                                              uint16_t* dst) {
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + c), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; c < n; ++c) dst[c] = _cvtss_sh(src[c], _MM_FROUND_TO_NEAREST_INT);
+}
+
 /// Rows of one (batch, head) slice of a 4-D tensor.
 class RowView {
  public:
@@ -34,7 +67,9 @@ class RowView {
         dtype_(t.dtype()),
         stride_row_(t.stride(2)),
         stride_col_(t.stride(3)),
-        cols_(t.size(3)) {}
+        cols_(t.size(3)),
+        // The portable conversion costs about as much per element as a q.k^T column.
+        f16c_(dtype_ == DType::kFloat16 && stride_col_ == 1 && has_f16c()) {}
 
   int64_t cols() const { return cols_; }
   DType dtype() const { return dtype_; }
@@ -49,6 +84,9 @@ class RowView {
   /// dst[c] = row[r][c] * multiplier for c < cols().
   template <typename T>
   void load(int64_t r, T* dst, T multiplier = T(1)) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (f16c_) return HalfRowToFloat(half_row(r), cols_, multiplier, dst);
+    }
     switch (dtype_) {
       case DType::kFloat32: return load_as<float>(r, dst, multiplier);
       case DType::kFloat64: return load_as<double>(r, dst, multiplier);
@@ -61,6 +99,9 @@ class RowView {
   /// row[r][c] = src[c] (rounded to the tensor dtype) for c < cols().
   template <typename T>
   void store(int64_t r, const T* src) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (f16c_) return FloatRowToHalf(src, cols_, half_row(r));
+    }
     switch (dtype_) {
       case DType::kFloat32: return store_as<float>(r, src);
       case DType::kFloat64: return store_as<double>(r, src);
@@ -71,6 +112,9 @@ class RowView {
   }
 
  private:
+  uint16_t* half_row(int64_t r) const {
+    return reinterpret_cast<uint16_t*>(base_) + r * stride_row_;
+  }
   template <typename S, typename T>
   void load_as(int64_t r, T* dst, T multiplier) const {
     const S* row = reinterpret_cast<const S*>(base_) + r * stride_row_;
@@ -90,6 +134,7 @@ class RowView {
   int64_t stride_row_;
   int64_t stride_col_;
   int64_t cols_;
+  bool f16c_;  // float16 with unit column stride on an F16C CPU
 };
 
 }  // namespace sdpa::cpu
