@@ -18,13 +18,13 @@ bool use_decode_path(const AttentionParams& p) {
   return !p.backward && p.group_size() * p.q_len <= kDecodeMaxRows;
 }
 
-DecodeScratch::DecodeScratch(const AttentionParams& params)
+DecodeScratch::DecodeScratch(const AttentionParams& params, bool bf16_dot)
     : head_dim_qk_padded(round_up(params.head_dim_qk, kDecodeRowPad)),
       head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kDecodeRowPad)),
       bf16_key_rows(params.k.dtype() == DType::kBFloat16 && params.k.stride(3) == 1),
       bf16_value_rows(params.v.dtype() == DType::kBFloat16 && params.v.stride(3) == 1),
       flex(params.mask, kBlockKv) {
-  bf16_keys = uses_bf16_dot(params) && bf16_key_rows;
+  bf16_keys = bf16_dot && bf16_key_rows;
   bf16_values = bf16_keys && bf16_value_rows;
   // The bf16 slots hold two elements per float.
   const int64_t sizes[] = {kDecodeMaxRows * head_dim_qk_padded, kDecodeMaxRows * kBlockKv,
@@ -63,6 +63,7 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
   const int64_t ev_pad = round_up(std::max<int64_t>(p.head_dim_vo, 1), kDecodeRowPad);
   if (groups * rows == 0) return;
   const DecodeChunkFn chunk_fn = decode_chunk_for(active_capability());
+  const bool bf16_dot = uses_bf16_dot(p);
 
   // Per (group, chunk) item: acc [rows, Ev_pad], then max [rows] and sum [rows].
   const int64_t item_floats = rows * (ev_pad + 2);
@@ -73,7 +74,7 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
   const int64_t items = groups * chunks;
 #pragma omp parallel
   {
-    DecodeScratch scratch(p);
+    DecodeScratch scratch(p, bf16_dot);
     // Guided: items go out in runs of consecutive chunks of one kv head, shrinking towards
     // the end: a thread reads K and V on across chunk boundaries, its requests running
     // ahead into the next chunk, and the last small runs even out uneven items (masked

@@ -38,9 +38,10 @@ inline constexpr int64_t kDecodeMaxRows = 16;
 /// Whether `params` (a forward call) takes the split-KV decode path.
 bool use_decode_path(const AttentionParams& params);
 
-/// One thread's float32 working set for decode items.
+/// One thread's float32 working set for decode items. `bf16_dot`: uses_bf16_dot(params),
+/// decided on the calling thread (as FlashScratch's).
 struct DecodeScratch {
-  explicit DecodeScratch(const AttentionParams& params);
+  DecodeScratch(const AttentionParams& params, bool bf16_dot);
   int64_t head_dim_qk_padded, head_dim_vo_padded;  ///< rounded up to kDecodeRowPad
   /// Scores through vdpbf16ps (uses_bf16_dot) from key rows read in place, when the keys
   /// are bfloat16 rows of unit stride; q then also as bf16 bits, unscaled.

@@ -17,9 +17,9 @@ bool uses_bf16_dot(const AttentionParams& p) {
          bf16_dot_available();
 }
 
-FlashScratch::FlashScratch(const AttentionParams& params)
+FlashScratch::FlashScratch(const AttentionParams& params, bool bf16_dot)
     : head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kMaxLanes)),
-      bf16_dot(uses_bf16_dot(params)),
+      bf16_dot(bf16_dot),
       head_dim_qk_pairs2(round_up(params.head_dim_qk, 2)),
       flex(params.mask, kBlockKv) {
   const int64_t head_dim_qk = params.head_dim_qk, head_dim_vo = params.head_dim_vo;
@@ -61,7 +61,8 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   const int64_t q_blocks = (p.q_len + kBlockQ - 1) / kBlockQ;
   const int64_t group_items = p.group_size() * q_blocks;
   if (p.batch * p.num_heads_q * q_blocks == 0) return;
-  PackedKv kv(p, uses_bf16_dot(p));
+  const bool bf16_dot = uses_bf16_dot(p);
+  PackedKv kv(p, bf16_dot);
   detail::ParallelErrors errors;
   // Per (batch, kv head): the threads share the q-blocks of every query head of the group,
   // packing k/v tiles on first use. Dynamic scheduling balances causal masks, whose later
@@ -70,7 +71,7 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   // alive until every thread is done with them.
 #pragma omp parallel
   {
-    FlashScratch scratch(p);
+    FlashScratch scratch(p, bf16_dot);
     for (int64_t bhk = 0; bhk < p.batch * p.num_heads_kv; ++bhk) {
       const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
 #pragma omp for schedule(dynamic, 1)

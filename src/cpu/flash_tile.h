@@ -26,8 +26,10 @@ bool uses_bf16_dot(const AttentionParams& params);
 /// One thread's float32 working set, 64-byte aligned:
 ///   q [kBlockQ, E] (pre-scaled), scores [kBlockQ, kBlockKv], acc [kBlockQ, Ev_pad],
 ///   row_max / row_sum [kBlockQ], row [max(E, Ev)] (one converted input row).
+/// `bf16_dot`: uses_bf16_dot(params), decided on the calling thread (a capability set by
+/// set_cpu_capability holds for that thread only, not for OpenMP workers).
 struct FlashScratch {
-  explicit FlashScratch(const AttentionParams& params);
+  FlashScratch(const AttentionParams& params, bool bf16_dot);
   ~FlashScratch();
   FlashScratch(const FlashScratch&) = delete;
   FlashScratch& operator=(const FlashScratch&) = delete;

@@ -164,6 +164,18 @@ std::vector<Case> representative_cases() {
     add(c);
   }
   {
+    Case c;  // the split-KV decode path
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.enable_gqa = true;
+    c.q_len = 1;
+    c.kv_len = 1000;
+    c.head_dim = 96;
+    c.dtype = DType::kBFloat16;
+    c.q_layout = c.kv_layout = Layout::kBSHD;
+    add(c);
+  }
+  {
     Case c;
     c.unbatched = true;
     c.heads_q = c.heads_kv = 2;
