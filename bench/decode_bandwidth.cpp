@@ -1,4 +1,4 @@
-// Decode (L = 1, GQA, bf16 K/V) against this machine's copy bandwidth, timed interleaved
+// Decode (L = 1, GQA, bf16 K/V by default) against this machine's copy bandwidth, timed interleaved
 // in one run so the ratio is meaningful on a shared machine. Checks issue 8's target:
 // K/V bytes read per second >= 80% of a threaded 256 MiB memcpy's read + write bytes per
 // second (the copy measure of `sdpa bench --peak`: from memory to memory, not cache). The
@@ -7,7 +7,7 @@
 // in 4 KiB pages, as a KV cache that torch or numpy allocated usually is. Hardware
 // prefetchers stop at page boundaries, so the second is the harder case.
 //
-// Usage: sdpa_decode_bandwidth [rounds=30]
+// Usage: sdpa_decode_bandwidth [rounds=30] [dtype=bfloat16]   (float16, float32: same shapes)
 
 #include <omp.h>
 #include <sys/mman.h>
@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -39,18 +40,20 @@ Tensor copy_to_small_pages(const Tensor& t) {
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 30;
+  const DType dtype = argc > 2 ? parse_dtype(argv[2]) : DType::kBFloat16;
   const int64_t Hq = 32, Hkv = 8, E = 128;
   std::printf(
-      "FLASH_ATTENTION decode, B=1 Hq=%ld Hkv=%ld L=1 E=%ld bfloat16, %d threads, "
+      "FLASH_ATTENTION decode, B=1 Hq=%ld Hkv=%ld L=1 E=%ld %s, %d threads, "
       "%d rounds\n",
-      Hq, Hkv, E, omp_get_max_threads(), rounds);
+      Hq, Hkv, E, std::string(dtype_name(dtype)).c_str(), omp_get_max_threads(), rounds);
   for (const int64_t S : {4096, 32768}) {
-    const Tensor q = bench::randn({1, Hq, 1, E}, DType::kBFloat16, 1);
-    const Tensor k = bench::randn({1, Hkv, S, E}, DType::kBFloat16, 2);
-    const Tensor v = bench::randn({1, Hkv, S, E}, DType::kBFloat16, 3);
+    const Tensor q = bench::randn({1, Hq, 1, E}, dtype, 1);
+    const Tensor k = bench::randn({1, Hkv, S, E}, dtype, 2);
+    const Tensor v = bench::randn({1, Hkv, S, E}, dtype, 3);
     SDPAOptions options;
     options.enable_gqa = true;
-    const size_t bytes = static_cast<size_t>(2 * Hkv * S * E * 2);  // K and V, read once
+    // K and V, read once
+    const size_t bytes = static_cast<size_t>(2 * Hkv * S * E) * element_size(dtype);
     const size_t copy_bytes = size_t{256} << 20;
     std::vector<char> src(copy_bytes, 1), dst(copy_bytes, 0);
     // A read sweep of 64 MiB (twice the L3 of the machines we measure on) before the
