@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/rows_ahead.h"
+
 namespace sdpa::cpu {
 
 // GCC 12's AVX-512 unpack and cast intrinsics use _mm512_undefined_*() internally, which
@@ -117,25 +119,6 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys
 
 /// Value elements per block of Bf16AccumulateValues' output order.
 inline constexpr int64_t kValueBlock = 32;
-
-/// Rows that Bf16AccumulateValues requests into L2 while it reads its own: rows [0, n) of
-/// `rows`, spaced and sized like its value rows (the next tile's value rows in decoding).
-struct RowsAhead {
-  const uint16_t* rows = nullptr;
-  int64_t n = 0;
-};
-
-// Requests rows [begin, min(end, ahead.n)) of `ahead` (prefetcht1, as the decode tile loop
-// requests its rows: flash_decode_tile.cc).
-inline void PrefetchRows(const RowsAhead& ahead, int64_t row_stride, int64_t elements,
-                         int64_t begin, int64_t end) {
-  const char* first = reinterpret_cast<const char*>(ahead.rows);
-  for (int64_t c = begin; c < std::min(end, ahead.n); ++c) {
-    for (int64_t offset = 0; offset < elements * 2; offset += 64) {
-      __builtin_prefetch(first + c * row_stride * 2 + offset, 0, 2);
-    }
-  }
-}
 
 // a[r][*] += (P[r][c], P[r][c + 1]) . (value rows c, c + 1) over kBlocks blocks of 32
 // elements, the last one masked to `tail` when kTail; without kPair, row c + 1 reads as 0

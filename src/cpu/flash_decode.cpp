@@ -13,6 +13,11 @@
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
+namespace {
+
+bool is_half(DType dtype) { return dtype == DType::kBFloat16 || dtype == DType::kFloat16; }
+
+}  // namespace
 
 bool use_decode_path(const AttentionParams& p) {
   return !p.backward && p.group_size() * p.q_len <= kDecodeMaxRows;
@@ -21,11 +26,12 @@ bool use_decode_path(const AttentionParams& p) {
 DecodeScratch::DecodeScratch(const AttentionParams& params, bool bf16_dot)
     : head_dim_qk_padded(round_up(params.head_dim_qk, kDecodeRowPad)),
       head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kDecodeRowPad)),
-      bf16_key_rows(params.k.dtype() == DType::kBFloat16 && params.k.stride(3) == 1),
-      bf16_value_rows(params.v.dtype() == DType::kBFloat16 && params.v.stride(3) == 1),
+      half_key_rows(is_half(params.k.dtype()) && params.k.stride(3) == 1),
+      half_value_rows(is_half(params.v.dtype()) && params.v.stride(3) == 1),
+      f16_rows(params.k.dtype() == DType::kFloat16),
       flex(params.mask, kBlockKv) {
-  bf16_keys = bf16_dot && bf16_key_rows;
-  bf16_values = bf16_keys && bf16_value_rows;
+  bf16_keys = bf16_dot && half_key_rows;
+  bf16_values = bf16_keys && half_value_rows;
   // The bf16 slots hold two elements per float.
   const int64_t sizes[] = {kDecodeMaxRows * head_dim_qk_padded, kDecodeMaxRows * kBlockKv,
                            kBlockKv * std::max(head_dim_qk_padded, head_dim_vo_padded),

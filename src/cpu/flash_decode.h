@@ -49,9 +49,10 @@ struct DecodeScratch {
   /// P.v through vdpbf16ps from value rows read in place (bf16_keys and bfloat16 values
   /// of unit stride); P is rounded to bf16, as the FLASH forward's bf16 path does.
   bool bf16_values;
-  /// Keys (values) are bfloat16 rows of unit stride: without vdpbf16ps they are widened
-  /// in registers where read (decode_bf16-inl.h) instead of through `tile`.
-  bool bf16_key_rows, bf16_value_rows;
+  /// Keys (values) are bfloat16 or float16 rows of unit stride: unless vdpbf16ps takes
+  /// them they are widened in registers where read (decode_half-inl.h) instead of through
+  /// `tile`. k and v share one dtype; `f16_rows` tells which.
+  bool half_key_rows, half_value_rows, f16_rows;
   uint16_t* q_bf16;  ///< [rows, E_pad] when bf16_keys
   uint16_t* p_bf16;  ///< [rows, kBlockKv] when bf16_values
   float* q;          ///< [rows, E_pad], pre-scaled

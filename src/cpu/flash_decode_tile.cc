@@ -1,9 +1,9 @@
 // Per-target body of the split-KV decode path (flash_decode.h): every query row of a kv
 // head's GQA group over one chunk of keys, tile by tile: scores as dot products of key
 // rows, summed lanewise by one reduction tree per vector of keys; the online softmax of
-// FlashAttention-2; P.v into register-held output rows. bf16 key and value rows of unit
-// stride are read in place: by vdpbf16ps where available, else widened in registers
-// (decode_bf16-inl.h). Other rows are converted into a float32 tile first. Compiled for
+// FlashAttention-2; P.v into register-held output rows. bf16 and fp16 key and value rows
+// of unit stride are read in place: bf16 by vdpbf16ps where available, else widened in
+// registers (decode_half-inl.h). Other rows are converted into a float32 tile first. Compiled for
 // AVX-512, AVX2 and the portable baseline by Highway's foreach_target.
 
 #undef HWY_TARGET_INCLUDE
@@ -15,7 +15,7 @@
 
 #include "cpu/bf16_decode.h"
 #include "cpu/bf16_dot.h"
-#include "cpu/decode_bf16-inl.h"
+#include "cpu/decode_half-inl.h"
 #include "cpu/flash_decode.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/philox.h"
@@ -79,6 +79,14 @@ HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 0, 2);
 }
 
+// The rows of the tile after the one at j0, for the P.v passes to request. Past the chunk's
+// end too: the next chunk is usually this thread's next item (flash_decode.cpp).
+HWY_INLINE RowsAhead NextTileRows(const RowView& rows, int64_t j0, int64_t S) {
+  const int64_t next = j0 + kBlockKv;
+  return {next < S ? static_cast<const uint16_t*>(rows.row_data(next)) : nullptr,
+          std::clamp<int64_t>(S - next, 0, kBlockKv)};
+}
+
 // scores[r * kBlockKv + c] = q_r . key_c for rows r < rows and keys c in [c0, c1) (multiples
 // of the lane count), key_c being row c of `keys` (row length e_pad).
 HWY_INLINE void ScoreKeys(const float* HWY_RESTRICT q, int64_t rows, const float* HWY_RESTRICT keys,
@@ -119,12 +127,15 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
 #endif
   const bool p_in_bf16 = bf16_values && !p.has_dropout();
 #if HWY_TARGET != HWY_SCALAR
-  const bool split_keys = !bf16_keys && ws.bf16_key_rows;
-  const bool split_values = !bf16_values && ws.bf16_value_rows;
+  const bool half_keys = !bf16_keys && ws.half_key_rows;
+  const bool half_values = !bf16_values && ws.half_value_rows;
   constexpr int64_t kSplit = SplitBlock();
 #else
-  const bool split_keys = false, split_values = false;
+  const bool half_keys = false, half_values = false;
 #endif
+  // bf16 rows widened in registers need q and the accumulators in split layout.
+  [[maybe_unused]] const bool split_keys = half_keys && !ws.f16_rows;
+  [[maybe_unused]] const bool split_values = half_values && !ws.f16_rows;
   const int64_t E = p.head_dim_qk;
   [[maybe_unused]] const int64_t Ev = p.head_dim_vo;  // read by some targets' paths only
   for (int64_t r = 0; r < rows; ++r) {
@@ -196,22 +207,29 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
                       k_rows.row_stride(), E, S - j0 - c, 16, scale, ws.scores + c, kBlockKv);
       }
 #endif
-    } else if (split_keys) {
+    } else if (half_keys) {
 #if HWY_TARGET != HWY_SCALAR
-      // Keys past kv_len repeat the last key: their scores are masked below. The value
-      // rows are requested here too, at the same distance: the P.v pass below then runs
-      // over the whole tile with no requests of its own.
+      // Keys past kv_len repeat the last key: their scores are masked below. Value rows
+      // are requested by the P.v pass of the tile before theirs (as in the bf16 path
+      // above), the first tile's here.
       const int64_t full = E / kSplit * kSplit;
       for (int64_t c = g_begin; c < g_end; c += lanes) {
         for (int64_t k = 0; k < lanes; ++k) {
           const int64_t key = std::min(j0 + c + k, S - 1);
-          Prefetch(k_rows, std::min(key + kPrefetchRows, S - 1));
-          if (split_values) Prefetch(v_rows, std::min(key + kPrefetchRows, S - 1));
+          const int64_t ahead = std::min(key + kPrefetchRows, S - 1);
+          Prefetch(k_rows, ahead);
+          if (half_values && ahead < first_tile_end) Prefetch(v_rows, ahead);
           tile_rows[k] = static_cast<const uint16_t*>(k_rows.row_data(key));
         }
         if (full < E) GatherTails(tile_rows, lanes, full, E, tails);
-        ScoreBf16Keys(ws.q, rows, e_pad, tile_rows, full, full < E ? tails : nullptr, ws.scores + c,
-                      kBlockKv);
+        const uint16_t* key_tails = full < E ? tails : nullptr;
+        if (ws.f16_rows) {
+          ScoreHalfKeys<HalfRows::kFloat16>(ws.q, rows, e_pad, tile_rows, full, key_tails,
+                                            ws.scores + c, kBlockKv);
+        } else {
+          ScoreHalfKeys<HalfRows::kBFloat16>(ws.q, rows, e_pad, tile_rows, full, key_tails,
+                                             ws.scores + c, kBlockKv);
+        }
       }
 #endif
     } else {
@@ -260,27 +278,33 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
       }
       // The P.v pass requests the next tile's value rows while it reads these: memory
       // then streams values during P.v and keys during the scores, instead of idling
-      // through P.v with both requested in bursts during the scores. Like the keys, past
-      // the chunk's end: the next chunk is usually this thread's next item (flash_decode).
-      const int64_t next = j0 + kBlockKv;
-      const RowsAhead ahead{next < S ? static_cast<const uint16_t*>(v_rows.row_data(next)) : nullptr,
-                            std::clamp<int64_t>(S - next, 0, kBlockKv)};
+      // through P.v with both requested in bursts during the scores.
+      const RowsAhead ahead = NextTileRows(v_rows, j0, S);
       Bf16AccumulateValues(ws.p_bf16 + pair_begin, rows, kBlockKv,
                            static_cast<const uint16_t*>(v_rows.row_data(j0 + pair_begin)),
                            v_rows.row_stride(), Ev, c_end - pair_begin, alpha, acc, ev_pad,
                            ahead);
 #endif
-    } else if (split_values) {
+    } else if (half_values) {
 #if HWY_TARGET != HWY_SCALAR
       const int64_t full = Ev / kSplit * kSplit, n = c_end - c_begin;
       for (int64_t k = 0; k < n; ++k) {
-        const int64_t value = j0 + c_begin + k;
-        if (!split_keys) Prefetch(v_rows, std::min(value + kPrefetchRows, S - 1));
-        tile_rows[k] = static_cast<const uint16_t*>(v_rows.row_data(value));
+        tile_rows[k] = static_cast<const uint16_t*>(v_rows.row_data(j0 + c_begin + k));
       }
       if (full < Ev) GatherTails(tile_rows, n, full, Ev, tails);
-      AccumulateBf16Values(ws.scores + c_begin, rows, kBlockKv, tile_rows, n, full,
-                           full < Ev ? tails : nullptr, acc, ev_pad);
+      const uint16_t* value_tails = full < Ev ? tails : nullptr;
+      // The next tile's value rows are requested while these are read, as in the bf16
+      // path above.
+      const RowsAhead ahead = NextTileRows(v_rows, j0, S);
+      if (ws.f16_rows) {
+        AccumulateHalfValues<HalfRows::kFloat16>(ws.scores + c_begin, rows, kBlockKv, tile_rows,
+                                                 n, full, value_tails, acc, ev_pad, Ev, ahead,
+                                                 v_rows.row_stride());
+      } else {
+        AccumulateHalfValues<HalfRows::kBFloat16>(ws.scores + c_begin, rows, kBlockKv, tile_rows,
+                                                  n, full, value_tails, acc, ev_pad, Ev, ahead,
+                                                  v_rows.row_stride());
+      }
 #endif
     } else {
       for (int64_t c = c_begin; c < c_end; ++c) {

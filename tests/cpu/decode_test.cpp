@@ -81,41 +81,41 @@ TEST(Decode, ChunkBoundariesGroupsAndDtypesMatchReference) {
   }
 }
 
-// bf16 key and value rows of unit stride are read in place (widened in registers without
-// vdpbf16ps): head dims with a partial last pair block (67, 33, 1, 17, 24), row counts that
-// leave 1, 2 or 3 rows after blocks of four (1, 6, 7, 8 rows), misaligned rows (kSliceD)
-// and a key stride that sends the keys through the float32 tile (kStridedD).
-TEST(Decode, Bf16RowsInPlaceOddHeadDimsAndRowCounts) {
+// bf16 and fp16 key and value rows of unit stride are read in place (bf16 by vdpbf16ps where
+// the CPU has it, else both widened in registers): head dims with a partial last block
+// (67, 33, 1, 17, 24), row counts that leave 1, 2 or 3 rows after blocks of four (1, 6, 7,
+// 8 rows), misaligned rows (kSliceD) and a key stride that sends the keys through the
+// float32 tile (kStridedD).
+TEST(Decode, HalfRowsInPlaceOddHeadDimsAndRowCounts) {
   const CapabilityReset reset;
   struct Shape {
     int64_t heads_q, heads_kv, q_len, head_dim, head_dim_v;
     Layout kv_layout;
   };
-  const Shape shapes[] = {{3, 3, 1, 67, 33, Layout::kBHSD},
-                          {6, 1, 1, 24, 200, Layout::kSliceD},
-                          {7, 1, 1, 1, 17, Layout::kBSHD},
-                          {8, 2, 2, 128, 128, Layout::kSliceD},
-                          {5, 1, 1, 64, 96, Layout::kBSHD},
-                          {4, 2, 3, 33, 67, Layout::kStridedD}};
+  const Shape shapes[] = {{3, 3, 1, 67, 33, Layout::kBHSD}, {6, 1, 1, 24, 200, Layout::kSliceD},
+                          {7, 1, 1, 1, 17, Layout::kBSHD},  {8, 2, 2, 128, 128, Layout::kSliceD},
+                          {5, 1, 1, 64, 96, Layout::kBSHD}, {4, 2, 3, 33, 67, Layout::kStridedD}};
   for (const std::string& capability : capabilities()) {
     bcpu::set_cpu_capability(capability);
     for (const Shape& s : shapes) {
       for (int64_t kv_len : {7, 700, 1029}) {
-        Case c;
-        c.batch = 2;
-        c.heads_q = s.heads_q;
-        c.heads_kv = s.heads_kv;
-        c.enable_gqa = s.heads_q != s.heads_kv;
-        c.q_len = s.q_len;
-        c.kv_len = kv_len;
-        c.causal = s.q_len > 1;
-        c.head_dim = s.head_dim;
-        c.head_dim_v = s.head_dim_v;
-        c.kv_layout = s.kv_layout;
-        c.dtype = DType::kBFloat16;
-        c.seed = static_cast<uint32_t>(kv_len * 13 + s.head_dim);
-        SCOPED_TRACE(capability);
-        expect_flash_ran(c, check_case(c));
+        for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+          Case c;
+          c.batch = 2;
+          c.heads_q = s.heads_q;
+          c.heads_kv = s.heads_kv;
+          c.enable_gqa = s.heads_q != s.heads_kv;
+          c.q_len = s.q_len;
+          c.kv_len = kv_len;
+          c.causal = s.q_len > 1;
+          c.head_dim = s.head_dim;
+          c.head_dim_v = s.head_dim_v;
+          c.kv_layout = s.kv_layout;
+          c.dtype = dtype;
+          c.seed = static_cast<uint32_t>(kv_len * 13 + s.head_dim);
+          SCOPED_TRACE(capability);
+          expect_flash_ran(c, check_case(c));
+        }
       }
     }
   }

@@ -1,0 +1,248 @@
+// Half-precision (bfloat16 or float16) key and value rows read in place by the decode path
+// where vdpbf16ps does not take them: each block of 2N elements (N float lanes) is widened
+// to two float32 vectors in registers. No float32 copy of the tile: the decode path reads
+// every key and value once, so converting through a float32 tile cost it more than its
+// FMAs.
+//
+// bfloat16: two adjacent elements loaded as one 32-bit lane widen with one op each (the
+// even element is the lane shifted left by 16, the odd one the lane with its low half
+// cleared), no shuffle. The float32 operands are then in "split" layout: each block holds
+// its N even elements, then its N odd ones. A dot product with a split q row sums the same
+// products in another order; P.v accumulates split output rows, which SplitRow puts back
+// in order once per chunk. float16: each half of the block widens in order (vcvtph2ps on
+// x86), so its operands keep the plain layout. Per-target code (not HWY_SCALAR, whose
+// one-lane vectors hold no pair): include after foreach_target.h.
+
+#if defined(SDPA_CPU_DECODE_HALF_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SDPA_CPU_DECODE_HALF_INL_H_
+#undef SDPA_CPU_DECODE_HALF_INL_H_
+#else
+#define SDPA_CPU_DECODE_HALF_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu/reduce_lanes-inl.h"
+#include "cpu/rows_ahead.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_TARGET != HWY_SCALAR
+
+/// Elements per split block: two float32 vectors.
+HWY_INLINE constexpr int64_t SplitBlock() {
+  return 2 * static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<float>()));
+}
+
+/// Puts row[0, n) (n a multiple of SplitBlock()) into split layout, in place; with
+/// `unsplit`, back from it.
+HWY_INLINE void SplitRow(float* HWY_RESTRICT row, int64_t n, bool unsplit = false) {
+  constexpr int64_t B = SplitBlock(), N = B / 2;
+  float block[B];
+  for (int64_t e = 0; e < n; e += B) {
+    std::copy(row + e, row + e + B, block);
+    for (int64_t j = 0; j < B; ++j) {
+      const int64_t split = j % 2 * N + j / 2;  // element j's place in split layout
+      if (unsplit) {
+        row[e + j] = block[split];
+      } else {
+        row[e + split] = block[j];
+      }
+    }
+  }
+}
+
+/// tails[k * SplitBlock() + t] = rows[k][full + t] for t < cols - full, 0 up to the block's
+/// end, k < n: the partial last block of each row, so the kernels below load whole blocks
+/// without reading past a row.
+HWY_INLINE void GatherTails(const uint16_t* const* rows, int64_t n, int64_t full, int64_t cols,
+                            uint16_t* HWY_RESTRICT tails) {
+  constexpr int64_t B = SplitBlock();
+  for (int64_t k = 0; k < n; ++k) {
+    uint16_t* dst = tails + k * B;
+    std::copy(rows[k] + full, rows[k] + cols, dst);
+    std::fill(dst + (cols - full), dst + B, uint16_t{0});
+  }
+}
+
+/// The element type of half rows read in place; kBFloat16 operands use the split layout.
+enum class HalfRows { kBFloat16, kFloat16 };
+
+namespace detail {
+
+// The two float32 vectors of 2N half elements at src: for bfloat16 its even and odd
+// elements (split layout), for float16 its first and last N.
+template <HalfRows kHalf, class D>
+HWY_INLINE void WidenBlock(D d, const uint16_t* HWY_RESTRICT src, hn::Vec<D>& first,
+                           hn::Vec<D>& second) {
+  if constexpr (kHalf == HalfRows::kBFloat16) {
+    const hn::RebindToUnsigned<D> du;
+    const hn::Repartition<uint16_t, D> d16;
+    const auto bits = hn::BitCast(du, hn::LoadU(d16, src));
+    first = hn::BitCast(d, hn::ShiftLeft<16>(bits));
+    second = hn::BitCast(d, hn::And(bits, hn::Set(du, 0xFFFF0000u)));
+  } else {
+    const hn::Rebind<hwy::float16_t, D> d16;
+    const auto* half = reinterpret_cast<const hwy::float16_t*>(src);
+    first = hn::PromoteTo(d, hn::LoadU(d16, half));
+    second = hn::PromoteTo(d, hn::LoadU(d16, half + hn::Lanes(d)));
+  }
+}
+
+// acc[r] (rows in kHalf's layout) += sum over k < n of p[r * p_stride + k] * value k's
+// block at `e` (values[k] + e, or the k-th tail block), for R rows. Requests block `e` of
+// row k of `ahead` (rows ahead_stride elements apart) as it reads value k's.
+template <HalfRows kHalf, int R, class D>
+HWY_INLINE void AccumulateBlock(D d, const float* HWY_RESTRICT p, int64_t p_stride,
+                                const uint16_t* const* values, const uint16_t* tails, int64_t e,
+                                int64_t n, float* HWY_RESTRICT acc, int64_t acc_stride,
+                                const RowsAhead& ahead, int64_t ahead_stride) {
+  using V = hn::Vec<D>;
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
+  V first[R], second[R];
+  for (int r = 0; r < R; ++r) {
+    first[r] = hn::LoadU(d, acc + r * acc_stride + e);
+    second[r] = hn::LoadU(d, acc + r * acc_stride + e + N);
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    if (k < ahead.n) __builtin_prefetch(ahead.rows + k * ahead_stride + e, 0, 2);
+    V ve, vo;
+    WidenBlock<kHalf>(d, tails ? tails + k * 2 * N : values[k] + e, ve, vo);
+    for (int r = 0; r < R; ++r) {
+      const V pk = hn::Set(d, p[r * p_stride + k]);
+      first[r] = hn::MulAdd(pk, ve, first[r]);
+      second[r] = hn::MulAdd(pk, vo, second[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    hn::StoreU(first[r], d, acc + r * acc_stride + e);
+    hn::StoreU(second[r], d, acc + r * acc_stride + e + N);
+  }
+}
+
+// Scores of R q rows (kHalf's layout, stride q_stride) against the N = Lanes keys of
+// ScoreHalfKeys: K keys at a time, each key block widened once for all R rows, R x K
+// accumulators in registers over the head dim; per-(row, key) lane partials are then
+// reduced lanewise by one ReduceLanesTree per row.
+template <HalfRows kHalf, int R, class D>
+HWY_INLINE void ScoreRows(D d, const float* HWY_RESTRICT q, int64_t q_stride,
+                          const uint16_t* const* keys, int64_t full, const uint16_t* tails,
+                          float* HWY_RESTRICT scores, int64_t score_stride) {
+  using V = hn::Vec<D>;
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
+  // Eight accumulators: enough independent FMA chains to cover the FMA latency.
+  constexpr int64_t K = std::min<int64_t>(N, R == 1 ? 8 : R == 2 ? 4 : 2);
+  HWY_ALIGN float partial[R * N * N];  // [row][key][lane]
+  for (int64_t k0 = 0; k0 < N; k0 += K) {
+    V acc[R][K];
+    for (int r = 0; r < R; ++r) {
+      for (int64_t k = 0; k < K; ++k) acc[r][k] = hn::Zero(d);
+    }
+    const auto block = [&](int64_t e, auto key_block) HWY_ATTR {
+      for (int64_t k = 0; k < K; ++k) {
+        V first, second;
+        WidenBlock<kHalf>(d, key_block(k0 + k), first, second);
+        for (int r = 0; r < R; ++r) {
+          acc[r][k] = hn::MulAdd(first, hn::LoadU(d, q + r * q_stride + e), acc[r][k]);
+          acc[r][k] = hn::MulAdd(second, hn::LoadU(d, q + r * q_stride + e + N), acc[r][k]);
+        }
+      }
+    };
+    for (int64_t e = 0; e < full; e += 2 * N) {
+      block(e, [&](int64_t k) { return keys[k] + e; });
+    }
+    if (tails) block(full, [&](int64_t k) { return tails + k * 2 * N; });
+    for (int r = 0; r < R; ++r) {
+      for (int64_t k = 0; k < K; ++k) hn::Store(acc[r][k], d, partial + (r * N + k0 + k) * N);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    V v[N];
+    for (int64_t k = 0; k < N; ++k) v[k] = hn::Load(d, partial + (r * N + k) * N);
+    hn::StoreU(ReduceLanesTree(d, v, AddLanes()), d, scores + r * score_stride);
+  }
+}
+
+}  // namespace detail
+
+/// scores[r * score_stride + k] = q_r . key k for r < rows, k < N = Lanes: q rows in the
+/// operand layout of kHalf (stride q_stride, padded with zeros to a whole block past
+/// `full`), keys[k] the half key rows, their first `full` elements read in place (full a
+/// multiple of SplitBlock()), the rest from `tails` (GatherTails; null when nothing is
+/// left). Rows go four at a time.
+template <HalfRows kHalf>
+HWY_INLINE void ScoreHalfKeys(const float* HWY_RESTRICT q, int64_t rows, int64_t q_stride,
+                              const uint16_t* const* keys, int64_t full, const uint16_t* tails,
+                              float* HWY_RESTRICT scores, int64_t score_stride) {
+  const hn::ScalableTag<float> d;
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    const float* qr = q + r0 * q_stride;
+    float* sr = scores + r0 * score_stride;
+    switch (std::min<int64_t>(rows - r0, 4)) {
+      case 1:
+        detail::ScoreRows<kHalf, 1>(d, qr, q_stride, keys, full, tails, sr, score_stride);
+        break;
+      case 2:
+        detail::ScoreRows<kHalf, 2>(d, qr, q_stride, keys, full, tails, sr, score_stride);
+        break;
+      case 3:
+        detail::ScoreRows<kHalf, 3>(d, qr, q_stride, keys, full, tails, sr, score_stride);
+        break;
+      default:
+        detail::ScoreRows<kHalf, 4>(d, qr, q_stride, keys, full, tails, sr, score_stride);
+    }
+  }
+}
+
+/// acc[r * acc_stride, +ev) (rows in the operand layout of kHalf) += sum over k < n of
+/// p[r * p_stride + k] * value row k, r < rows: values[k] the half value rows, read in
+/// place up to `full` (a multiple of SplitBlock()), then from `tails` (null when full covers
+/// the rows). Rows go four at a time, their accumulators held in registers over the n keys
+/// of each block. Rows [0, ahead.n) of `ahead` (ahead_stride elements apart, ev elements
+/// each) are requested into L2 on the way, block by block with the value rows read.
+template <HalfRows kHalf>
+HWY_INLINE void AccumulateHalfValues(const float* HWY_RESTRICT p, int64_t rows, int64_t p_stride,
+                                     const uint16_t* const* values, int64_t n, int64_t full,
+                                     const uint16_t* tails, float* HWY_RESTRICT acc,
+                                     int64_t acc_stride, int64_t ev, const RowsAhead& ahead,
+                                     int64_t ahead_stride) {
+  const hn::ScalableTag<float> d;
+  constexpr int64_t B = SplitBlock();
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    const float* pr = p + r0 * p_stride;
+    float* ar = acc + r0 * acc_stride;
+    const RowsAhead request = r0 == 0 ? ahead : RowsAhead{};
+    const auto run = [&](int64_t e, const uint16_t* t) HWY_ATTR {
+      switch (std::min<int64_t>(rows - r0, 4)) {
+        case 1:
+          return detail::AccumulateBlock<kHalf, 1>(d, pr, p_stride, values, t, e, n, ar,
+                                                   acc_stride, request, ahead_stride);
+        case 2:
+          return detail::AccumulateBlock<kHalf, 2>(d, pr, p_stride, values, t, e, n, ar,
+                                                   acc_stride, request, ahead_stride);
+        case 3:
+          return detail::AccumulateBlock<kHalf, 3>(d, pr, p_stride, values, t, e, n, ar,
+                                                   acc_stride, request, ahead_stride);
+        default:
+          return detail::AccumulateBlock<kHalf, 4>(d, pr, p_stride, values, t, e, n, ar,
+                                                   acc_stride, request, ahead_stride);
+      }
+    };
+    for (int64_t e = 0; e < full; e += B) run(e, nullptr);
+    if (tails) run(full, tails);
+  }
+  PrefetchRows(ahead, ahead_stride, ev, n, ahead.n);  // rows past this tile's keys
+}
+
+#endif  // HWY_TARGET != HWY_SCALAR
+
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::cpu
+HWY_AFTER_NAMESPACE();
+
+#endif  // SDPA_CPU_DECODE_HALF_INL_H_
