@@ -15,7 +15,13 @@
 namespace sdpa::cpu {
 namespace {
 
-bool is_half(DType dtype) { return dtype == DType::kBFloat16 || dtype == DType::kFloat16; }
+// FLASH takes float32, bfloat16 and float16 (check_flash_cpu_dtype).
+bool in_place(const Tensor& rows) { return rows.stride(3) == 1; }
+
+KvRows kv_rows_of(DType dtype) {
+  if (dtype == DType::kBFloat16) return KvRows::kBFloat16;
+  return dtype == DType::kFloat16 ? KvRows::kFloat16 : KvRows::kFloat32;
+}
 
 }  // namespace
 
@@ -26,12 +32,12 @@ bool use_decode_path(const AttentionParams& p) {
 DecodeScratch::DecodeScratch(const AttentionParams& params, bool bf16_dot)
     : head_dim_qk_padded(round_up(params.head_dim_qk, kDecodeRowPad)),
       head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kDecodeRowPad)),
-      half_key_rows(is_half(params.k.dtype()) && params.k.stride(3) == 1),
-      half_value_rows(is_half(params.v.dtype()) && params.v.stride(3) == 1),
-      f16_rows(params.k.dtype() == DType::kFloat16),
+      key_rows_in_place(in_place(params.k)),
+      value_rows_in_place(in_place(params.v)),
+      kv_rows(kv_rows_of(params.k.dtype())),
       flex(params.mask, kBlockKv) {
-  bf16_keys = bf16_dot && half_key_rows;
-  bf16_values = bf16_keys && half_value_rows;
+  bf16_keys = bf16_dot && key_rows_in_place;
+  bf16_values = bf16_keys && value_rows_in_place;
   // The bf16 slots hold two elements per float.
   const int64_t sizes[] = {kDecodeMaxRows * head_dim_qk_padded, kDecodeMaxRows * kBlockKv,
                            kBlockKv * std::max(head_dim_qk_padded, head_dim_vo_padded),

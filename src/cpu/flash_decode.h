@@ -38,6 +38,9 @@ inline constexpr int64_t kDecodeMaxRows = 16;
 /// Whether `params` (a forward call) takes the split-KV decode path.
 bool use_decode_path(const AttentionParams& params);
 
+/// Element type of key and value rows the decode path reads in place (k and v share it).
+enum class KvRows { kBFloat16, kFloat16, kFloat32 };
+
 /// One thread's float32 working set for decode items. `bf16_dot`: uses_bf16_dot(params),
 /// decided on the calling thread (as FlashScratch's).
 struct DecodeScratch {
@@ -49,10 +52,11 @@ struct DecodeScratch {
   /// P.v through vdpbf16ps from value rows read in place (bf16_keys and bfloat16 values
   /// of unit stride); P is rounded to bf16, as the FLASH forward's bf16 path does.
   bool bf16_values;
-  /// Keys (values) are bfloat16 or float16 rows of unit stride: unless vdpbf16ps takes
-  /// them they are widened in registers where read (decode_half-inl.h) instead of through
-  /// `tile`. k and v share one dtype; `f16_rows` tells which.
-  bool half_key_rows, half_value_rows, f16_rows;
+  /// Keys (values) are bfloat16, float16 or float32 rows of unit stride: unless vdpbf16ps
+  /// takes them they are loaded (widened) in registers where read (decode_rows-inl.h)
+  /// instead of through `tile`, their type being `kv_rows`.
+  bool key_rows_in_place, value_rows_in_place;
+  KvRows kv_rows;
   uint16_t* q_bf16;  ///< [rows, E_pad] when bf16_keys
   uint16_t* p_bf16;  ///< [rows, kBlockKv] when bf16_values
   float* q;          ///< [rows, E_pad], pre-scaled

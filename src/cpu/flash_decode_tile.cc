@@ -1,9 +1,9 @@
 // Per-target body of the split-KV decode path (flash_decode.h): every query row of a kv
 // head's GQA group over one chunk of keys, tile by tile: scores as dot products of key
 // rows, summed lanewise by one reduction tree per vector of keys; the online softmax of
-// FlashAttention-2; P.v into register-held output rows. bf16 and fp16 key and value rows
-// of unit stride are read in place: bf16 by vdpbf16ps where available, else widened in
-// registers (decode_half-inl.h). Other rows are converted into a float32 tile first. Compiled for
+// FlashAttention-2; P.v into register-held output rows. Key and value rows of unit stride
+// are read in place: bf16 by vdpbf16ps where available, else loaded (widened) in
+// registers (decode_rows-inl.h). Other rows are converted into a float32 tile first. Compiled for
 // AVX-512, AVX2 and the portable baseline by Highway's foreach_target.
 
 #undef HWY_TARGET_INCLUDE
@@ -15,7 +15,7 @@
 
 #include "cpu/bf16_decode.h"
 #include "cpu/bf16_dot.h"
-#include "cpu/decode_half-inl.h"
+#include "cpu/decode_rows-inl.h"
 #include "cpu/flash_decode.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/philox.h"
@@ -83,9 +83,65 @@ HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
 // end too: the next chunk is usually this thread's next item (flash_decode.cpp).
 HWY_INLINE RowsAhead NextTileRows(const RowView& rows, int64_t j0, int64_t S) {
   const int64_t next = j0 + kBlockKv;
-  return {next < S ? static_cast<const uint16_t*>(rows.row_data(next)) : nullptr,
-          std::clamp<int64_t>(S - next, 0, kBlockKv)};
+  return {next < S ? rows.row_data(next) : nullptr, std::clamp<int64_t>(S - next, 0, kBlockKv),
+          rows.element_bytes()};
 }
+
+#if HWY_TARGET != HWY_SCALAR
+// f(std::integral_constant<KvRows, kind>()): the in-place kernels compiled per row type.
+template <class F>
+HWY_INLINE void ForKvRows(KvRows kind, const F& f) {
+  switch (kind) {
+    case KvRows::kBFloat16: return f(std::integral_constant<KvRows, KvRows::kBFloat16>());
+    case KvRows::kFloat16: return f(std::integral_constant<KvRows, KvRows::kFloat16>());
+    case KvRows::kFloat32: return f(std::integral_constant<KvRows, KvRows::kFloat32>());
+  }
+}
+
+// Scores of keys [key0, key0 + Lanes) read in place into scores[0, Lanes) (keys past
+// kv_len repeat the last key: the caller masks their scores). Requests the key rows
+// kPrefetchRows ahead, and the value rows of `values` (null: none) while they belong to
+// the chunk's first tile (the P.v pass of the tile before requests the others).
+template <KvRows kRows>
+HWY_INLINE void ScoreKeyGroupInPlace(const float* HWY_RESTRICT q, int64_t rows, int64_t q_stride,
+                                     const RowView& k_rows, const RowView* values,
+                                     int64_t first_tile_end, int64_t key0, int64_t S,
+                                     float* HWY_RESTRICT scores) {
+  using T = KvElement<kRows>;
+  constexpr int64_t kBlock = SplitBlock(), lanes = kBlock / 2;
+  const int64_t E = k_rows.cols(), full = E / kBlock * kBlock;
+  const T* keys[lanes];
+  HWY_ALIGN T tails[lanes * kBlock];
+  for (int64_t k = 0; k < lanes; ++k) {
+    const int64_t key = std::min(key0 + k, S - 1);
+    const int64_t ahead = std::min(key + kPrefetchRows, S - 1);
+    Prefetch(k_rows, ahead);
+    if (values && ahead < first_tile_end) Prefetch(*values, ahead);
+    keys[k] = static_cast<const T*>(k_rows.row_data(key));
+  }
+  if (full < E) GatherTails(keys, lanes, full, E, tails);
+  ScoreKeysInPlace<kRows>(q, rows, q_stride, keys, full, full < E ? tails : nullptr, scores,
+                          kBlockKv);
+}
+
+// acc (rows in kRows' layout) += P[:, 0, n) . value rows [first, first + n) read in place;
+// requests the rows of the tile after the one at j0 on the way.
+template <KvRows kRows>
+HWY_INLINE void AccumulateTileInPlace(const float* HWY_RESTRICT p, int64_t rows,
+                                      const RowView& v_rows, int64_t first, int64_t n, int64_t j0,
+                                      int64_t S, float* HWY_RESTRICT acc, int64_t acc_stride) {
+  using T = KvElement<kRows>;
+  constexpr int64_t kBlock = SplitBlock();
+  const int64_t Ev = v_rows.cols(), full = Ev / kBlock * kBlock;
+  const T* values[kBlockKv];
+  HWY_ALIGN T tails[kBlockKv * kBlock];
+  for (int64_t k = 0; k < n; ++k) values[k] = static_cast<const T*>(v_rows.row_data(first + k));
+  if (full < Ev) GatherTails(values, n, full, Ev, tails);
+  AccumulateValuesInPlace<kRows>(p, rows, kBlockKv, values, n, full, full < Ev ? tails : nullptr,
+                                 acc, acc_stride, Ev, NextTileRows(v_rows, j0, S),
+                                 v_rows.row_stride());
+}
+#endif  // HWY_TARGET != HWY_SCALAR
 
 // scores[r * kBlockKv + c] = q_r . key_c for rows r < rows and keys c in [c0, c1) (multiples
 // of the lane count), key_c being row c of `keys` (row length e_pad).
@@ -127,15 +183,16 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
 #endif
   const bool p_in_bf16 = bf16_values && !p.has_dropout();
 #if HWY_TARGET != HWY_SCALAR
-  const bool half_keys = !bf16_keys && ws.half_key_rows;
-  const bool half_values = !bf16_values && ws.half_value_rows;
+  const bool keys_in_place = !bf16_keys && ws.key_rows_in_place;
+  const bool values_in_place = !bf16_values && ws.value_rows_in_place;
   constexpr int64_t kSplit = SplitBlock();
 #else
-  const bool half_keys = false, half_values = false;
+  const bool keys_in_place = false, values_in_place = false;
 #endif
   // bf16 rows widened in registers need q and the accumulators in split layout.
-  [[maybe_unused]] const bool split_keys = half_keys && !ws.f16_rows;
-  [[maybe_unused]] const bool split_values = half_values && !ws.f16_rows;
+  const bool bf16_rows = ws.kv_rows == KvRows::kBFloat16;
+  [[maybe_unused]] const bool split_keys = keys_in_place && bf16_rows;
+  [[maybe_unused]] const bool split_values = values_in_place && bf16_rows;
   const int64_t E = p.head_dim_qk;
   [[maybe_unused]] const int64_t Ev = p.head_dim_vo;  // read by some targets' paths only
   for (int64_t r = 0; r < rows; ++r) {
@@ -176,12 +233,6 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
   std::fill(sum_rows, sum_rows + kDecodeMaxRows, 0.0f);
 
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
-#if HWY_TARGET != HWY_SCALAR
-  // Row addresses of the keys or values of a tile read in place, and their partial last
-  // blocks (GatherTails).
-  const uint16_t* tile_rows[kBlockKv];
-  HWY_ALIGN uint16_t tails[kBlockKv * kSplit];
-#endif
   const int64_t first_tile_end = visible.begin / kBlockKv * kBlockKv + kBlockKv;
   for (int64_t j0 = first_tile_end - kBlockKv; j0 < visible.end; j0 += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, S - j0);
@@ -207,30 +258,15 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
                       k_rows.row_stride(), E, S - j0 - c, 16, scale, ws.scores + c, kBlockKv);
       }
 #endif
-    } else if (half_keys) {
+    } else if (keys_in_place) {
 #if HWY_TARGET != HWY_SCALAR
-      // Keys past kv_len repeat the last key: their scores are masked below. Value rows
-      // are requested by the P.v pass of the tile before theirs (as in the bf16 path
-      // above), the first tile's here.
-      const int64_t full = E / kSplit * kSplit;
-      for (int64_t c = g_begin; c < g_end; c += lanes) {
-        for (int64_t k = 0; k < lanes; ++k) {
-          const int64_t key = std::min(j0 + c + k, S - 1);
-          const int64_t ahead = std::min(key + kPrefetchRows, S - 1);
-          Prefetch(k_rows, ahead);
-          if (half_values && ahead < first_tile_end) Prefetch(v_rows, ahead);
-          tile_rows[k] = static_cast<const uint16_t*>(k_rows.row_data(key));
+      const RowView* values = values_in_place ? &v_rows : nullptr;
+      ForKvRows(ws.kv_rows, [&](auto kind) HWY_ATTR {
+        for (int64_t c = g_begin; c < g_end; c += lanes) {
+          ScoreKeyGroupInPlace<decltype(kind)::value>(ws.q, rows, e_pad, k_rows, values,
+                                                      first_tile_end, j0 + c, S, ws.scores + c);
         }
-        if (full < E) GatherTails(tile_rows, lanes, full, E, tails);
-        const uint16_t* key_tails = full < E ? tails : nullptr;
-        if (ws.f16_rows) {
-          ScoreHalfKeys<HalfRows::kFloat16>(ws.q, rows, e_pad, tile_rows, full, key_tails,
-                                            ws.scores + c, kBlockKv);
-        } else {
-          ScoreHalfKeys<HalfRows::kBFloat16>(ws.q, rows, e_pad, tile_rows, full, key_tails,
-                                             ws.scores + c, kBlockKv);
-        }
-      }
+      });
 #endif
     } else {
       for (int64_t c = g_begin; c < g_end; ++c) {
@@ -285,26 +321,13 @@ void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_beg
                            v_rows.row_stride(), Ev, c_end - pair_begin, alpha, acc, ev_pad,
                            ahead);
 #endif
-    } else if (half_values) {
+    } else if (values_in_place) {
 #if HWY_TARGET != HWY_SCALAR
-      const int64_t full = Ev / kSplit * kSplit, n = c_end - c_begin;
-      for (int64_t k = 0; k < n; ++k) {
-        tile_rows[k] = static_cast<const uint16_t*>(v_rows.row_data(j0 + c_begin + k));
-      }
-      if (full < Ev) GatherTails(tile_rows, n, full, Ev, tails);
-      const uint16_t* value_tails = full < Ev ? tails : nullptr;
-      // The next tile's value rows are requested while these are read, as in the bf16
-      // path above.
-      const RowsAhead ahead = NextTileRows(v_rows, j0, S);
-      if (ws.f16_rows) {
-        AccumulateHalfValues<HalfRows::kFloat16>(ws.scores + c_begin, rows, kBlockKv, tile_rows,
-                                                 n, full, value_tails, acc, ev_pad, Ev, ahead,
-                                                 v_rows.row_stride());
-      } else {
-        AccumulateHalfValues<HalfRows::kBFloat16>(ws.scores + c_begin, rows, kBlockKv, tile_rows,
-                                                  n, full, value_tails, acc, ev_pad, Ev, ahead,
-                                                  v_rows.row_stride());
-      }
+      ForKvRows(ws.kv_rows, [&](auto kind) HWY_ATTR {
+        AccumulateTileInPlace<decltype(kind)::value>(ws.scores + c_begin, rows, v_rows,
+                                                     j0 + c_begin, c_end - c_begin, j0, S, acc,
+                                                     ev_pad);
+      });
 #endif
     } else {
       for (int64_t c = c_begin; c < c_end; ++c) {

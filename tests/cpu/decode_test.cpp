@@ -81,12 +81,12 @@ TEST(Decode, ChunkBoundariesGroupsAndDtypesMatchReference) {
   }
 }
 
-// bf16 and fp16 key and value rows of unit stride are read in place (bf16 by vdpbf16ps where
-// the CPU has it, else both widened in registers): head dims with a partial last block
+// Key and value rows of unit stride are read in place (bf16 by vdpbf16ps where the CPU has
+// it, else loaded or widened in registers): head dims with a partial last block
 // (67, 33, 1, 17, 24), row counts that leave 1, 2 or 3 rows after blocks of four (1, 6, 7,
 // 8 rows), misaligned rows (kSliceD) and a key stride that sends the keys through the
 // float32 tile (kStridedD).
-TEST(Decode, HalfRowsInPlaceOddHeadDimsAndRowCounts) {
+TEST(Decode, RowsInPlaceOddHeadDimsAndRowCounts) {
   const CapabilityReset reset;
   struct Shape {
     int64_t heads_q, heads_kv, q_len, head_dim, head_dim_v;
@@ -99,7 +99,7 @@ TEST(Decode, HalfRowsInPlaceOddHeadDimsAndRowCounts) {
     bcpu::set_cpu_capability(capability);
     for (const Shape& s : shapes) {
       for (int64_t kv_len : {7, 700, 1029}) {
-        for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+        for (DType dtype : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
           Case c;
           c.batch = 2;
           c.heads_q = s.heads_q;

@@ -1,8 +1,8 @@
-// Half-precision (bfloat16 or float16) key and value rows read in place by the decode path
-// where vdpbf16ps does not take them: each block of 2N elements (N float lanes) is widened
-// to two float32 vectors in registers. No float32 copy of the tile: the decode path reads
-// every key and value once, so converting through a float32 tile cost it more than its
-// FMAs.
+// Key and value rows read in place by the decode path where vdpbf16ps does not take them:
+// bfloat16, float16 or float32 rows of unit stride, each block of 2N elements (N float
+// lanes) loaded as two float32 vectors in registers. No float32 copy of the tile: the
+// decode path reads every key and value once, so converting or copying through a tile
+// cost it more than its FMAs.
 //
 // bfloat16: two adjacent elements loaded as one 32-bit lane widen with one op each (the
 // even element is the lane shifted left by 16, the odd one the lane with its low half
@@ -10,19 +10,21 @@
 // its N even elements, then its N odd ones. A dot product with a split q row sums the same
 // products in another order; P.v accumulates split output rows, which SplitRow puts back
 // in order once per chunk. float16: each half of the block widens in order (vcvtph2ps on
-// x86), so its operands keep the plain layout. Per-target code (not HWY_SCALAR, whose
-// one-lane vectors hold no pair): include after foreach_target.h.
+// x86); float32 is loaded as is: both keep the plain layout. Per-target code (not
+// HWY_SCALAR, whose one-lane vectors hold no pair): include after foreach_target.h.
 
-#if defined(SDPA_CPU_DECODE_HALF_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef SDPA_CPU_DECODE_HALF_INL_H_
-#undef SDPA_CPU_DECODE_HALF_INL_H_
+#if defined(SDPA_CPU_DECODE_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SDPA_CPU_DECODE_ROWS_INL_H_
+#undef SDPA_CPU_DECODE_ROWS_INL_H_
 #else
-#define SDPA_CPU_DECODE_HALF_INL_H_
+#define SDPA_CPU_DECODE_ROWS_INL_H_
 #endif
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
+#include "cpu/flash_decode.h"
 #include "cpu/reduce_lanes-inl.h"
 #include "cpu/rows_ahead.h"
 #include "hwy/highway.h"
@@ -34,7 +36,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 #if HWY_TARGET != HWY_SCALAR
 
-/// Elements per split block: two float32 vectors.
+/// The stored element of KvRows kind kRows (half types as their bits).
+template <KvRows kRows>
+using KvElement = std::conditional_t<kRows == KvRows::kFloat32, float, uint16_t>;
+
+/// Elements per block: two float32 vectors.
 HWY_INLINE constexpr int64_t SplitBlock() {
   return 2 * static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<float>()));
 }
@@ -60,47 +66,60 @@ HWY_INLINE void SplitRow(float* HWY_RESTRICT row, int64_t n, bool unsplit = fals
 /// tails[k * SplitBlock() + t] = rows[k][full + t] for t < cols - full, 0 up to the block's
 /// end, k < n: the partial last block of each row, so the kernels below load whole blocks
 /// without reading past a row.
-HWY_INLINE void GatherTails(const uint16_t* const* rows, int64_t n, int64_t full, int64_t cols,
-                            uint16_t* HWY_RESTRICT tails) {
+template <typename T>
+HWY_INLINE void GatherTails(const T* const* rows, int64_t n, int64_t full, int64_t cols,
+                            T* HWY_RESTRICT tails) {
   constexpr int64_t B = SplitBlock();
   for (int64_t k = 0; k < n; ++k) {
-    uint16_t* dst = tails + k * B;
+    T* dst = tails + k * B;
     std::copy(rows[k] + full, rows[k] + cols, dst);
-    std::fill(dst + (cols - full), dst + B, uint16_t{0});
+    std::fill(dst + (cols - full), dst + B, T{0});
   }
 }
 
-/// The element type of half rows read in place; kBFloat16 operands use the split layout.
-enum class HalfRows { kBFloat16, kFloat16 };
-
 namespace detail {
 
-// The two float32 vectors of 2N half elements at src: for bfloat16 its even and odd
-// elements (split layout), for float16 its first and last N.
-template <HalfRows kHalf, class D>
-HWY_INLINE void WidenBlock(D d, const uint16_t* HWY_RESTRICT src, hn::Vec<D>& first,
-                           hn::Vec<D>& second) {
-  if constexpr (kHalf == HalfRows::kBFloat16) {
+// The two float32 vectors of the 2N elements at src: for bfloat16 its even and odd
+// elements (split layout), otherwise its first and last N.
+template <KvRows kRows, class D>
+HWY_INLINE void LoadBlock(D d, const KvElement<kRows>* HWY_RESTRICT src, hn::Vec<D>& first,
+                          hn::Vec<D>& second) {
+  if constexpr (kRows == KvRows::kBFloat16) {
     const hn::RebindToUnsigned<D> du;
     const hn::Repartition<uint16_t, D> d16;
     const auto bits = hn::BitCast(du, hn::LoadU(d16, src));
     first = hn::BitCast(d, hn::ShiftLeft<16>(bits));
     second = hn::BitCast(d, hn::And(bits, hn::Set(du, 0xFFFF0000u)));
-  } else {
+  } else if constexpr (kRows == KvRows::kFloat16) {
     const hn::Rebind<hwy::float16_t, D> d16;
     const auto* half = reinterpret_cast<const hwy::float16_t*>(src);
     first = hn::PromoteTo(d, hn::LoadU(d16, half));
     second = hn::PromoteTo(d, hn::LoadU(d16, half + hn::Lanes(d)));
+  } else {
+    first = hn::LoadU(d, src);
+    second = hn::LoadU(d, src + hn::Lanes(d));
   }
 }
 
-// acc[r] (rows in kHalf's layout) += sum over k < n of p[r * p_stride + k] * value k's
+// Requests block `e` of row k of `ahead` (rows `stride` elements apart).
+template <KvRows kRows>
+HWY_INLINE void PrefetchBlock(const RowsAhead& ahead, int64_t stride, int64_t k, int64_t e) {
+  constexpr int64_t kBytes = SplitBlock() * static_cast<int64_t>(sizeof(KvElement<kRows>));
+  const char* block = static_cast<const char*>(ahead.rows) +
+                      (k * stride + e) * static_cast<int64_t>(sizeof(KvElement<kRows>));
+  for (int64_t offset = 0; offset < kBytes; offset += 64) {
+    __builtin_prefetch(block + offset, 0, 2);
+  }
+}
+
+// acc[r] (rows in kRows' layout) += sum over k < n of p[r * p_stride + k] * value k's
 // block at `e` (values[k] + e, or the k-th tail block), for R rows. Requests block `e` of
 // row k of `ahead` (rows ahead_stride elements apart) as it reads value k's.
-template <HalfRows kHalf, int R, class D>
+template <KvRows kRows, int R, class D>
 HWY_INLINE void AccumulateBlock(D d, const float* HWY_RESTRICT p, int64_t p_stride,
-                                const uint16_t* const* values, const uint16_t* tails, int64_t e,
-                                int64_t n, float* HWY_RESTRICT acc, int64_t acc_stride,
+                                const KvElement<kRows>* const* values,
+                                const KvElement<kRows>* tails, int64_t e, int64_t n,
+                                float* HWY_RESTRICT acc, int64_t acc_stride,
                                 const RowsAhead& ahead, int64_t ahead_stride) {
   using V = hn::Vec<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
@@ -110,13 +129,13 @@ HWY_INLINE void AccumulateBlock(D d, const float* HWY_RESTRICT p, int64_t p_stri
     second[r] = hn::LoadU(d, acc + r * acc_stride + e + N);
   }
   for (int64_t k = 0; k < n; ++k) {
-    if (k < ahead.n) __builtin_prefetch(ahead.rows + k * ahead_stride + e, 0, 2);
-    V ve, vo;
-    WidenBlock<kHalf>(d, tails ? tails + k * 2 * N : values[k] + e, ve, vo);
+    if (k < ahead.n) PrefetchBlock<kRows>(ahead, ahead_stride, k, e);
+    V v0, v1;
+    LoadBlock<kRows>(d, tails ? tails + k * 2 * N : values[k] + e, v0, v1);
     for (int r = 0; r < R; ++r) {
       const V pk = hn::Set(d, p[r * p_stride + k]);
-      first[r] = hn::MulAdd(pk, ve, first[r]);
-      second[r] = hn::MulAdd(pk, vo, second[r]);
+      first[r] = hn::MulAdd(pk, v0, first[r]);
+      second[r] = hn::MulAdd(pk, v1, second[r]);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -125,14 +144,15 @@ HWY_INLINE void AccumulateBlock(D d, const float* HWY_RESTRICT p, int64_t p_stri
   }
 }
 
-// Scores of R q rows (kHalf's layout, stride q_stride) against the N = Lanes keys of
-// ScoreHalfKeys: K keys at a time, each key block widened once for all R rows, R x K
+// Scores of R q rows (kRows' layout, stride q_stride) against the N = Lanes keys of
+// ScoreKeysInPlace: K keys at a time, each key block loaded once for all R rows, R x K
 // accumulators in registers over the head dim; per-(row, key) lane partials are then
 // reduced lanewise by one ReduceLanesTree per row.
-template <HalfRows kHalf, int R, class D>
+template <KvRows kRows, int R, class D>
 HWY_INLINE void ScoreRows(D d, const float* HWY_RESTRICT q, int64_t q_stride,
-                          const uint16_t* const* keys, int64_t full, const uint16_t* tails,
-                          float* HWY_RESTRICT scores, int64_t score_stride) {
+                          const KvElement<kRows>* const* keys, int64_t full,
+                          const KvElement<kRows>* tails, float* HWY_RESTRICT scores,
+                          int64_t score_stride) {
   using V = hn::Vec<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
   // Eight accumulators: enough independent FMA chains to cover the FMA latency.
@@ -146,7 +166,7 @@ HWY_INLINE void ScoreRows(D d, const float* HWY_RESTRICT q, int64_t q_stride,
     const auto block = [&](int64_t e, auto key_block) HWY_ATTR {
       for (int64_t k = 0; k < K; ++k) {
         V first, second;
-        WidenBlock<kHalf>(d, key_block(k0 + k), first, second);
+        LoadBlock<kRows>(d, key_block(k0 + k), first, second);
         for (int r = 0; r < R; ++r) {
           acc[r][k] = hn::MulAdd(first, hn::LoadU(d, q + r * q_stride + e), acc[r][k]);
           acc[r][k] = hn::MulAdd(second, hn::LoadU(d, q + r * q_stride + e + N), acc[r][k]);
@@ -171,65 +191,66 @@ HWY_INLINE void ScoreRows(D d, const float* HWY_RESTRICT q, int64_t q_stride,
 }  // namespace detail
 
 /// scores[r * score_stride + k] = q_r . key k for r < rows, k < N = Lanes: q rows in the
-/// operand layout of kHalf (stride q_stride, padded with zeros to a whole block past
-/// `full`), keys[k] the half key rows, their first `full` elements read in place (full a
+/// operand layout of kRows (stride q_stride, padded with zeros to a whole block past
+/// `full`), keys[k] the key rows, their first `full` elements read in place (full a
 /// multiple of SplitBlock()), the rest from `tails` (GatherTails; null when nothing is
 /// left). Rows go four at a time.
-template <HalfRows kHalf>
-HWY_INLINE void ScoreHalfKeys(const float* HWY_RESTRICT q, int64_t rows, int64_t q_stride,
-                              const uint16_t* const* keys, int64_t full, const uint16_t* tails,
-                              float* HWY_RESTRICT scores, int64_t score_stride) {
+template <KvRows kRows>
+HWY_INLINE void ScoreKeysInPlace(const float* HWY_RESTRICT q, int64_t rows, int64_t q_stride,
+                                 const KvElement<kRows>* const* keys, int64_t full,
+                                 const KvElement<kRows>* tails, float* HWY_RESTRICT scores,
+                                 int64_t score_stride) {
   const hn::ScalableTag<float> d;
   for (int64_t r0 = 0; r0 < rows; r0 += 4) {
     const float* qr = q + r0 * q_stride;
     float* sr = scores + r0 * score_stride;
     switch (std::min<int64_t>(rows - r0, 4)) {
       case 1:
-        detail::ScoreRows<kHalf, 1>(d, qr, q_stride, keys, full, tails, sr, score_stride);
+        detail::ScoreRows<kRows, 1>(d, qr, q_stride, keys, full, tails, sr, score_stride);
         break;
       case 2:
-        detail::ScoreRows<kHalf, 2>(d, qr, q_stride, keys, full, tails, sr, score_stride);
+        detail::ScoreRows<kRows, 2>(d, qr, q_stride, keys, full, tails, sr, score_stride);
         break;
       case 3:
-        detail::ScoreRows<kHalf, 3>(d, qr, q_stride, keys, full, tails, sr, score_stride);
+        detail::ScoreRows<kRows, 3>(d, qr, q_stride, keys, full, tails, sr, score_stride);
         break;
       default:
-        detail::ScoreRows<kHalf, 4>(d, qr, q_stride, keys, full, tails, sr, score_stride);
+        detail::ScoreRows<kRows, 4>(d, qr, q_stride, keys, full, tails, sr, score_stride);
     }
   }
 }
 
-/// acc[r * acc_stride, +ev) (rows in the operand layout of kHalf) += sum over k < n of
-/// p[r * p_stride + k] * value row k, r < rows: values[k] the half value rows, read in
-/// place up to `full` (a multiple of SplitBlock()), then from `tails` (null when full covers
-/// the rows). Rows go four at a time, their accumulators held in registers over the n keys
-/// of each block. Rows [0, ahead.n) of `ahead` (ahead_stride elements apart, ev elements
-/// each) are requested into L2 on the way, block by block with the value rows read.
-template <HalfRows kHalf>
-HWY_INLINE void AccumulateHalfValues(const float* HWY_RESTRICT p, int64_t rows, int64_t p_stride,
-                                     const uint16_t* const* values, int64_t n, int64_t full,
-                                     const uint16_t* tails, float* HWY_RESTRICT acc,
-                                     int64_t acc_stride, int64_t ev, const RowsAhead& ahead,
-                                     int64_t ahead_stride) {
+/// acc[r * acc_stride, +ev) (rows in the operand layout of kRows) += sum over k < n of
+/// p[r * p_stride + k] * value row k, r < rows: values[k] the value rows, read in place up
+/// to `full` (a multiple of SplitBlock()), then from `tails` (null when full covers the
+/// rows). Rows go four at a time, their accumulators held in registers over the n keys of
+/// each block. Rows [0, ahead.n) of `ahead` (ahead_stride elements apart, ev elements each)
+/// are requested into L2 on the way, block by block with the value rows read.
+template <KvRows kRows>
+HWY_INLINE void AccumulateValuesInPlace(const float* HWY_RESTRICT p, int64_t rows,
+                                        int64_t p_stride, const KvElement<kRows>* const* values,
+                                        int64_t n, int64_t full, const KvElement<kRows>* tails,
+                                        float* HWY_RESTRICT acc, int64_t acc_stride, int64_t ev,
+                                        const RowsAhead& ahead, int64_t ahead_stride) {
   const hn::ScalableTag<float> d;
   constexpr int64_t B = SplitBlock();
   for (int64_t r0 = 0; r0 < rows; r0 += 4) {
     const float* pr = p + r0 * p_stride;
     float* ar = acc + r0 * acc_stride;
     const RowsAhead request = r0 == 0 ? ahead : RowsAhead{};
-    const auto run = [&](int64_t e, const uint16_t* t) HWY_ATTR {
+    const auto run = [&](int64_t e, const KvElement<kRows>* t) HWY_ATTR {
       switch (std::min<int64_t>(rows - r0, 4)) {
         case 1:
-          return detail::AccumulateBlock<kHalf, 1>(d, pr, p_stride, values, t, e, n, ar,
+          return detail::AccumulateBlock<kRows, 1>(d, pr, p_stride, values, t, e, n, ar,
                                                    acc_stride, request, ahead_stride);
         case 2:
-          return detail::AccumulateBlock<kHalf, 2>(d, pr, p_stride, values, t, e, n, ar,
+          return detail::AccumulateBlock<kRows, 2>(d, pr, p_stride, values, t, e, n, ar,
                                                    acc_stride, request, ahead_stride);
         case 3:
-          return detail::AccumulateBlock<kHalf, 3>(d, pr, p_stride, values, t, e, n, ar,
+          return detail::AccumulateBlock<kRows, 3>(d, pr, p_stride, values, t, e, n, ar,
                                                    acc_stride, request, ahead_stride);
         default:
-          return detail::AccumulateBlock<kHalf, 4>(d, pr, p_stride, values, t, e, n, ar,
+          return detail::AccumulateBlock<kRows, 4>(d, pr, p_stride, values, t, e, n, ar,
                                                    acc_stride, request, ahead_stride);
       }
     };
@@ -245,4 +266,4 @@ HWY_INLINE void AccumulateHalfValues(const float* HWY_RESTRICT p, int64_t rows, 
 }  // namespace sdpa::cpu
 HWY_AFTER_NAMESPACE();
 
-#endif  // SDPA_CPU_DECODE_HALF_INL_H_
+#endif  // SDPA_CPU_DECODE_ROWS_INL_H_
