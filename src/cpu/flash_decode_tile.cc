@@ -3,8 +3,8 @@
 // rows, summed lanewise by one reduction tree per vector of keys; the online softmax of
 // FlashAttention-2; P.v into register-held output rows. Key and value rows of unit stride
 // are read in place: bf16 by vdpbf16ps where available, else loaded (widened) in
-// registers (decode_rows-inl.h). Other rows are converted into a float32 tile first. Compiled for
-// AVX-512, AVX2 and the portable baseline by Highway's foreach_target.
+// registers (decode_rows-inl.h). Other rows are converted into a float32 tile first.
+// Compiled for AVX-512, AVX2 and the portable baseline by Highway's foreach_target.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/flash_decode_tile.cc"
