@@ -27,9 +27,10 @@ S narrow(T x) {
   }
 }
 
-/// Whether this CPU has the F16C half <-> float conversions (every AVX2 CPU does).
+/// Whether this CPU has the F16C half <-> float conversions (every AVX2 CPU does) and the
+/// OS saves the ymm registers they write (GCC's "avx" check includes that).
 inline bool has_f16c() {
-  static const bool available = __builtin_cpu_supports("f16c");
+  static const bool available = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
   return available;
 }
 
