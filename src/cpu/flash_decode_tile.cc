@@ -11,7 +11,6 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
-#include <cstring>
 
 #include "cpu/bf16_decode.h"
 #include "cpu/bf16_dot.h"
@@ -31,40 +30,12 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 namespace {
 
-// dst[0, padded) = row r of `rows` as float32 (times `multiplier`), zero beyond cols().
-// float32 and bfloat16 rows with unit stride convert with vectors: the decode path reads
-// every key and value exactly once, so this conversion is its main work besides memory.
+// dst[0, padded) = row r of `rows` as float32 (times `multiplier`), zero beyond cols():
+// q rows, and key / value rows not read in place (other strides, the scalar target).
 HWY_INLINE void LoadRow(const RowView& rows, int64_t r, int64_t padded, float* HWY_RESTRICT dst,
                         float multiplier = 1.0f) {
-  const hn::ScalableTag<float> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t n = rows.cols();
-  const int64_t full = n / lanes * lanes;
-  const auto m = hn::Set(d, multiplier);
-  if (rows.col_stride() == 1 && rows.dtype() == DType::kFloat32) {
-    const float* src = static_cast<const float*>(rows.row_data(r));
-    for (int64_t e = 0; e < full; e += lanes)
-      hn::StoreU(hn::Mul(hn::LoadU(d, src + e), m), d, dst + e);
-    for (int64_t e = full; e < n; ++e) dst[e] = src[e] * multiplier;
-  } else if (rows.col_stride() == 1 && rows.dtype() == DType::kBFloat16) {
-    // bfloat16 is the upper half of a float32: widen the bits and shift them up.
-    const hn::RebindToUnsigned<decltype(d)> du32;
-    const hn::Rebind<uint16_t, decltype(d)> du16;
-    const uint16_t* src = static_cast<const uint16_t*>(rows.row_data(r));
-    for (int64_t e = 0; e < full; e += lanes) {
-      const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, src + e)));
-      hn::StoreU(hn::Mul(hn::BitCast(d, bits), m), d, dst + e);
-    }
-    for (int64_t e = full; e < n; ++e) {
-      const uint32_t bits = static_cast<uint32_t>(src[e]) << 16;
-      float f;
-      std::memcpy(&f, &bits, sizeof f);
-      dst[e] = f * multiplier;
-    }
-  } else {
-    rows.load(r, dst, multiplier);
-  }
-  std::fill(dst + n, dst + padded, 0.0f);
+  rows.load(r, dst, multiplier);
+  std::fill(dst + rows.cols(), dst + padded, 0.0f);
 }
 
 // Rows are read once, one after another, each a few hundred bytes: requesting the row
