@@ -32,7 +32,7 @@ FlashScratch::FlashScratch(const AttentionParams& params, bool bf16_dot)
                            std::max(head_dim_qk, head_dim_vo),
                            bf16_dot ? kBlockQ * head_dim_qk_pairs2 / 2 : 0,
                            bf16_dot ? kBlockQ * kBlockKv / 2 : 0,
-                           bf16_dot ? kBlockQ * 16 : 0};
+                           kBlockQ * 16};
   int64_t total = 0;
   for (int64_t s : sizes) total += round_up(s, kMaxLanes);
   buffer_ = Tensor::empty({total}, DType::kFloat32);

@@ -13,9 +13,11 @@
 #include "cpu/bf16_dot.h"
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
+#include "cpu/lazy_softmax-inl.h"
 #include "cpu/pack_bf16.h"
 #include "cpu/philox.h"
 #include "cpu/qk_softmax_bf16-inl.h"
+#include "cpu/qk_softmax_f32-inl.h"
 #include "cpu/softmax_bf16-inl.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/contrib/math/math-inl.h"
@@ -117,9 +119,9 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     ws.row_keys[r] = row_columns(p.mask, b, q_begin + r, L, S);
   }
 #if HWY_TARGET == HWY_AVX3
-  // Whether sum_lanes holds row sums not yet in row_sum (QkSoftmaxTileBf16).
+  // Whether sum_lanes holds row sums not yet in row_sum (QkSoftmaxTileBf16 / F32).
   bool sums_in_lanes = false;
-  if (bf16) std::fill(ws.sum_lanes, ws.sum_lanes + rows * 16, 0.0f);
+  std::fill(ws.sum_lanes, ws.sum_lanes + rows * 16, 0.0f);
 #endif
 
   // Key tiles outside every row's band are never visited.
@@ -156,11 +158,19 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
       }
     }
     float alpha[kBlockQ];
-    if (p_in_bf16 && !needs_mask && !alibi && scale > 0.0f) {
+    // Nothing changes the scores: q.k^T and the softmax in registers (AVX-512 only; bf16
+    // needs a positive scale, which its softmax multiplies in; float32 q carries it).
+    const bool fused = HWY_TARGET == HWY_AVX3 && !needs_mask && !alibi &&
+                       (bf16 ? p_in_bf16 && scale > 0.0f : true);
+    if (fused) {
 #if HWY_TARGET == HWY_AVX3
-      // Nothing changes the scores: q.k^T and the softmax in registers.
-      QkSoftmaxTileBf16(ws.q_bf16, e2, rows, t.k_pairs, e2 / 2, scale, ws.row_max, ws.row_sum,
-                        ws.sum_lanes, alpha, ws.p_bf16);
+      if (bf16) {
+        QkSoftmaxTileBf16(ws.q_bf16, e2, rows, t.k_pairs, e2 / 2, scale, ws.row_max, ws.row_sum,
+                          ws.sum_lanes, alpha, ws.p_bf16);
+      } else {
+        QkSoftmaxTileF32(ws.q, E, rows, t.k_t, E, ws.row_max, ws.row_sum, ws.sum_lanes, alpha,
+                         ws.scores);
+      }
       sums_in_lanes = true;
 #endif
     } else {

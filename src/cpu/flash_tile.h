@@ -48,7 +48,7 @@ struct FlashScratch {
   float* row;
   uint16_t* q_bf16;  ///< [kBlockQ, head_dim_qk_pairs2] bf16 bits, unscaled
   uint16_t* p_bf16;  ///< [kBlockQ, kBlockKv] bf16 bits of P
-  /// [kBlockQ, 16]: per row, lanes of row sums not yet in row_sum (QkSoftmaxTileBf16).
+  /// [kBlockQ, 16]: per row, lanes of row sums not yet in row_sum (lazy_softmax-inl.h).
   float* sum_lanes;
   /// row_columns() of the current q-block's rows.
   ColumnRange row_keys[kBlockQ];
