@@ -16,22 +16,17 @@ namespace sdpa::cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// 2^f for f in [-0.5, 0.5]: a degree-6 polynomial fitted to 2^f's relative error at
-// Chebyshev nodes (float32 relative error 1.0e-7; the Taylor series of the same degree
-// has 2e-7). Evaluated by Estrin's scheme: the longest chain is three FMAs and a multiply
-// instead of Horner's six FMAs, which matters because the softmax loop is bound by that
-// latency, not by its two extra multiplies.
+// 2^f for f in [-0.5, 0.5]: a degree-5 polynomial fitted to 2^f's relative error at
+// Chebyshev nodes (relative error 7.5e-8, under float32's rounding), by Horner's scheme:
+// five FMAs. Its 20-cycle chain is hidden by the independent vectors in flight (a tile's
+// rows, a row's vectors).
 template <class D, class V>
 HWY_INLINE V Exp2Fraction(D d, V f) {
-  const V f2 = hn::Mul(f, f);
-  const V p01 = hn::MulAdd(hn::Set(d, 6.931471992071426e-1f), f, hn::Set(d, 1.0000000004120218f));
-  const V p23 = hn::MulAdd(hn::Set(d, 5.550342284395345e-2f), f, hn::Set(d, 2.402264736446528e-1f));
-  const V p45 =
-      hn::MulAdd(hn::Set(d, 1.3394701155794739e-3f), f, hn::Set(d, 9.618491006308677e-3f));
-  const V f4 = hn::Mul(f2, f2);
-  const V p03 = hn::MulAdd(p23, f2, p01);
-  const V p46 = hn::MulAdd(hn::Set(d, 1.5332507680132764e-4f), f2, p45);
-  return hn::MulAdd(p46, f4, p03);
+  V poly = hn::MulAdd(hn::Set(d, 1.3276468439941136e-3f), f, hn::Set(d, 9.675541306301647e-3f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 5.5507132844894724e-2f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 2.4022119724541063e-1f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 6.931469670580283e-1f));
+  return hn::MulAdd(poly, f, hn::Set(d, 1.0000000716544706f));
 }
 
 // 2^f for f in [-0.5, 0.5] for bf16 probabilities: degree 4, fitted like Exp2Fraction,
@@ -69,13 +64,13 @@ HWY_INLINE V Exp2Clamped(D d, V t) {
 // 2^t (t clamped to <= 127) where `keep`, else exactly 0. AVX-512: vrndscaleps rounds and
 // vscalefps multiplies by 2^n in one instruction each, with the same values as
 // Exp2Clamped (both products by 2^n are exact); the masked vscalefps writes the exact
-// zeros, so -inf and tiny arguments need neither a clamp from below nor a blend: 13
-// instructions instead of 20. kForBf16, for the bf16 softmax: the fraction by
-// Exp2FractionBf16 and no clamp, as its exponents are small: <= 0 with the max subtracted,
-// <= 8 under QkSoftmaxTileBf16's lazy max.
-template <bool kForBf16 = false, class D>
+// zeros, so -inf and tiny arguments need neither a clamp from below nor a blend.
+// kForBf16, for the bf16 softmax: the fraction by Exp2FractionBf16. kSmallArguments (the
+// default for bf16): no clamp, for callers whose t stays small: <= 0 with the max
+// subtracted, <= 8 under the fused tiles' lazy max (lazy_softmax-inl.h).
+template <bool kForBf16 = false, bool kSmallArguments = kForBf16, class D>
 HWY_INLINE hn::Vec512<float> Exp2OrZero(D d, __mmask16 keep, hn::Vec512<float> t) {
-  if (!kForBf16) t = hn::Min(t, hn::Set(d, 127.0f));
+  if (!kSmallArguments) t = hn::Min(t, hn::Set(d, 127.0f));
   // The masked form with every lane set: the plain intrinsic passes GCC 12's
   // _mm512_undefined_ps(), which -Wmaybe-uninitialized reports wherever it is inlined.
   const __m512 n = _mm512_mask_roundscale_ps(t.raw, __mmask16{0xFFFF}, t.raw,

@@ -68,7 +68,7 @@ HWY_INLINE void QkSoftmaxRowsF32(const float* HWY_RESTRICT q, int64_t ldq,
     for (int v = 0; v < kVecs; ++v) {
       const V t = hn::MulSub(V{acc[r][v]}, log2e, off);
       // A key scoring -inf (an infinite input) drops out, as in SoftmaxTile.
-      const V e = Exp2OrZero(d, _mm512_cmp_ps_mask(t.raw, lowest, _CMP_GE_OQ), t);
+      const V e = Exp2OrZero<false, true>(d, _mm512_cmp_ps_mask(t.raw, lowest, _CMP_GE_OQ), t);
       sum = hn::Add(sum, e);
       hn::StoreU(e, d, out + 16 * v);
     }
