@@ -104,7 +104,8 @@ void ProbsAndScoreGrads(const AttentionParams& p, const PackedBackwardGroup& gro
       std::fill(dscore, dscore + kBlockKv, 0.0f);
       continue;
     }
-    float* mod_input = ws.mod_input + r * kBlockKv;
+    // The scores as score_mod saw them, kept only for its derivative.
+    float* mod_input = flex_grad ? ws.mod_input + r * kBlockKv : nullptr;
     MaskScoreRow(p, dense, &ws.flex, b, h, i, row_columns(p.mask, b, i, L, S), kv_begin, cols,
                  prob, mod_input);
     const auto vlse = hn::Set(d, row_lse);
