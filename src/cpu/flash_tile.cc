@@ -161,7 +161,7 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     // Nothing changes the scores: q.k^T and the softmax in registers (AVX-512 only; bf16
     // needs a positive scale, which its softmax multiplies in; float32 q carries it).
     const bool fused = HWY_TARGET == HWY_AVX3 && !needs_mask && !alibi &&
-                       (bf16 ? p_in_bf16 && scale > 0.0f : true);
+                       (!bf16 || (p_in_bf16 && scale > 0.0f));
     if (fused) {
 #if HWY_TARGET == HWY_AVX3
       if (bf16) {
