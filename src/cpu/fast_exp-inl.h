@@ -50,14 +50,24 @@ template <class D, class V>
 HWY_INLINE V Exp2Clamped(D d, V t) {
   const hn::RebindToSigned<D> di;
   const V kRoundMagic = hn::Set(d, 12582912.0f);  // 1.5 * 2^23
-  t = hn::Min(hn::Max(t, hn::Set(d, -126.0f)), hn::Set(d, 127.0f));
+  const V nan_probe = t;
+  // Bounds first: x86 min/max return the second operand when one is NaN, so a NaN t
+  // stays NaN (as PyTorch's softmax keeps it); Highway's scalar targets return the other
+  // operand instead, which is undone below.
+  t = hn::Min(hn::Set(d, 127.0f), hn::Max(hn::Set(d, -126.0f), t));
   const V shifted = hn::Add(t, kRoundMagic);
   const V n = hn::Sub(shifted, kRoundMagic);
   const V poly = Exp2Fraction(d, hn::Sub(t, n));
   // shifted's bits are 0x4B400000 + n; the shift drops the 0x4B400000 (its low 9 bits are
   // zero), leaving (n + 127) << 23 with n + 127 in [1, 254].
   const auto exponent = hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, shifted), hn::Set(di, 127)));
-  return hn::Mul(poly, hn::BitCast(d, exponent));
+  const V result = hn::Mul(poly, hn::BitCast(d, exponent));
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  return hn::IfThenElse(hn::IsNaN(nan_probe), nan_probe, result);
+#else
+  (void)nan_probe;
+  return result;
+#endif
 }
 
 #if HWY_TARGET == HWY_AVX3
@@ -70,7 +80,7 @@ HWY_INLINE V Exp2Clamped(D d, V t) {
 // subtracted, <= 8 under the fused tiles' lazy max (lazy_softmax-inl.h).
 template <bool kForBf16 = false, bool kSmallArguments = kForBf16, class D>
 HWY_INLINE hn::Vec512<float> Exp2OrZero(D d, __mmask16 keep, hn::Vec512<float> t) {
-  if (!kSmallArguments) t = hn::Min(t, hn::Set(d, 127.0f));
+  if (!kSmallArguments) t = hn::Min(hn::Set(d, 127.0f), t);  // keeps NaN (Exp2Clamped)
   // The masked form with every lane set: the plain intrinsic passes GCC 12's
   // _mm512_undefined_ps(), which -Wmaybe-uninitialized reports wherever it is inlined.
   const __m512 n = _mm512_mask_roundscale_ps(t.raw, __mmask16{0xFFFF}, t.raw,
@@ -101,16 +111,20 @@ HWY_INLINE V FastExp2(D d, V t) {
 }
 
 #if HWY_TARGET == HWY_AVX3
+/// The lanes of x whose exponential is not flushed to zero: x >= `lowest`, or NaN (an
+/// unordered compare: a NaN score must give a NaN probability, as in PyTorch).
+HWY_INLINE __mmask16 ExpKeep(__m512 x, float lowest) {
+  return _mm512_cmp_ps_mask(x, _mm512_set1_ps(lowest), _CMP_NLT_UQ);
+}
+
 template <class D>
 HWY_INLINE hn::Vec512<float> FastExp(D d, hn::Vec512<float> x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x.raw, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-  return Exp2OrZero(d, keep, hn::Mul(x, hn::Set(d, kLog2e)));
+  return Exp2OrZero(d, ExpKeep(x.raw, -87.0f), hn::Mul(x, hn::Set(d, kLog2e)));
 }
 
 template <class D>
 HWY_INLINE hn::Vec512<float> FastExp2(D d, hn::Vec512<float> t) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(t.raw, _mm512_set1_ps(-125.5f), _CMP_GE_OQ);
-  return Exp2OrZero(d, keep, t);
+  return Exp2OrZero(d, ExpKeep(t.raw, -125.5f), t);
 }
 #endif
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "cpu/nan_max.h"
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
@@ -119,21 +120,24 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
       float max = -std::numeric_limits<float>::infinity();
       for (int64_t c = 0; c < chunks; ++c) {
         const float* item = base + (group * chunks + c) * item_floats;
-        if (item[rows * ev_pad + rows + r] > 0.0f) max = std::max(max, item[rows * ev_pad + r]);
+        // A chunk with a NaN score has a NaN sum (and maybe max): it poisons the row.
+        if (!(item[rows * ev_pad + rows + r] <= 0.0f)) {
+          max = max_keeping_nan(max, item[rows * ev_pad + r]);
+        }
       }
       std::fill(row.begin(), row.end(), 0.0f);
       float sum = 0.0f;
-      for (int64_t c = 0; c < chunks && max > -std::numeric_limits<float>::infinity(); ++c) {
+      for (int64_t c = 0; c < chunks && max != -std::numeric_limits<float>::infinity(); ++c) {
         const float* item = base + (group * chunks + c) * item_floats;
         const float chunk_sum = item[rows * ev_pad + rows + r];
-        if (chunk_sum <= 0.0f) continue;
+        if (chunk_sum <= 0.0f) continue;  // NaN sums go on
         const float w = std::exp(item[rows * ev_pad + r] - max);
         sum += w * chunk_sum;
         const float* acc = item + r * ev_pad;
         for (int64_t e = 0; e < ev_pad; ++e) row[static_cast<size_t>(e)] += w * acc[e];
       }
       float* lse_row = lse_data + (b * p.num_heads_q + h) * L + i;
-      if (sum > 0.0f) {
+      if (!(sum <= 0.0f)) {  // positive or NaN
         for (float& x : row) x /= sum;
         *lse_row = max + std::log(sum);
       } else {  // fully masked row

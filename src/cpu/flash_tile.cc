@@ -215,7 +215,7 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
   for (int64_t r = 0; r < rows; ++r) {
     const float sum = ws.row_sum[r];
     float* acc = ws.acc + r * ev_pad;
-    if (sum > 0.0f) {
+    if (!(sum <= 0.0f)) {  // positive, or NaN from a NaN score (the row stays NaN)
       ScaleRow(acc, ev_pad, 1.0f / sum);
       lse_row[r] = ws.row_max[r] + std::log(sum);
     } else {  // fully masked row

@@ -17,7 +17,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "cpu/fast_exp-inl.h"
@@ -40,7 +42,8 @@ inline constexpr float kLazyMaxSlackLog2 = 8.0f;
 /// when a score lies more than the slack above it, rescaling *row_sum and the row's 16
 /// `sum_lanes` by the factor written to *alpha (1 when not raised, 0 for a row's first
 /// finite scores). Returns the max the row's probabilities are relative to: -inf while the
-/// row has no finite score.
+/// row has no finite score, NaN once it has a NaN score (PyTorch's softmax gives the row
+/// NaN; so do its probabilities, sum and output here).
 template <int kVecs>
 HWY_INLINE float LazyRowMax(const __m512* scores, float score_scale, float* HWY_RESTRICT row_max,
                             float* HWY_RESTRICT row_sum, float* HWY_RESTRICT sum_lanes,
@@ -50,15 +53,22 @@ HWY_INLINE float LazyRowMax(const __m512* scores, float score_scale, float* HWY_
   const float slack = kLazyMaxSlackLog2 / kLog2e;  // in scaled-score units
   float m = *row_max;
   // Raw scores above `bound` would give probabilities above 2^slack (none when m is -inf
-  // and every score is -inf: the row then stays without probabilities).
+  // and every score is -inf: the row then stays without probabilities). The unordered
+  // compare also takes NaN scores (and every score once m is NaN) to the raise.
   const __m512 bound = _mm512_set1_ps((m + slack) / score_scale);
   __mmask16 over = 0;
-  for (int v = 0; v < kVecs; ++v) over |= _mm512_cmp_ps_mask(scores[v], bound, _CMP_GT_OQ);
+  for (int v = 0; v < kVecs; ++v) over |= _mm512_cmp_ps_mask(scores[v], bound, _CMP_NLE_UQ);
   float a = 1.0f;
   if (over != 0) {
     V tile{scores[0]};
-    for (int v = 1; v < kVecs; ++v) tile = hn::Max(tile, V{scores[v]});
-    const float raised = std::max(m, hn::GetLane(hn::MaxOfLanes(d, tile)) * score_scale);
+    __mmask16 nan = 0;
+    for (int v = 0; v < kVecs; ++v) {
+      tile = hn::Max(tile, V{scores[v]});
+      nan |= _mm512_cmp_ps_mask(scores[v], scores[v], _CMP_UNORD_Q);
+    }
+    const float tile_max = hn::GetLane(hn::MaxOfLanes(d, tile)) * score_scale;
+    const float raised =
+        nan != 0 || std::isnan(m) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, tile_max);
     a = hn::GetLane(FastExp(d, hn::Set(d, m - raised)));
     *row_max = m = raised;
     *row_sum *= a;

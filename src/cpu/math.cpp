@@ -9,6 +9,7 @@
 #include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_rows.h"
+#include "cpu/nan_max.h"
 #include "cpu/philox.h"
 #include "cpu/rows.h"
 
@@ -54,7 +55,7 @@ void forward_head(const AttentionParams& p, int64_t b, int64_t h, MathBuffers<Ac
     }
     mask_score_row(p.mask, dense, &buf.flex, b, h, i, L, S, s);
     Acc max = neg_inf;
-    for (int64_t j = 0; j < S; ++j) max = std::max(max, s[j]);
+    for (int64_t j = 0; j < S; ++j) max = max_keeping_nan(max, s[j]);
     const int64_t row = (b * p.num_heads_q + h) * L + i;
     std::fill(buf.o.begin(), buf.o.end(), Acc(0));
     if (max == neg_inf) {  // fully masked row: zeros and lse = -inf

@@ -11,6 +11,7 @@
 #include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_rows.h"
+#include "cpu/nan_max.h"
 #include "cpu/philox.h"
 #include "cpu/rows.h"
 #include "flex/autodiff.h"
@@ -69,7 +70,7 @@ void backward_kv_head(const AttentionParams& p, int64_t b, int64_t hk, int64_t i
       }
       mask_score_row(p.mask, dense, &buf.flex, b, h, i, L, S, prob, buf.raw.data());
       Acc max = neg_inf;
-      for (int64_t j = 0; j < S; ++j) max = std::max(max, prob[j]);
+      for (int64_t j = 0; j < S; ++j) max = max_keeping_nan(max, prob[j]);
       const int64_t row = (b * p.num_heads_q + h) * L + i;
       std::fill(buf.dq.begin(), buf.dq.end(), Acc(0));
       Acc* ds = buf.dprob.data();

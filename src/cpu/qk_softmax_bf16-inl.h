@@ -63,7 +63,6 @@ SDPA_QK_SOFTMAX_ATTR inline void QkSoftmaxRowsBf16(
   const hn::Full512<float> d;
   using V = hn::Vec512<float>;
   const V c{_mm512_set1_ps(score_scale * kLog2e)};
-  const __m512 lowest = _mm512_set1_ps(-125.5f);  // FastExp2's zero threshold
 #pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) {
     const float m = LazyRowMax<kVecs>(acc[r], score_scale, row_max + r, row_sum + r,
@@ -81,8 +80,8 @@ SDPA_QK_SOFTMAX_ATTR inline void QkSoftmaxRowsBf16(
       V e[2];
       for (int half = 0; half < 2; ++half) {
         const V t = hn::MulSub(V{acc[r][v + half]}, c, off);
-        // A key scoring -inf (an infinite input) drops out, as in SoftmaxTile.
-        e[half] = Exp2OrZero<true>(d, _mm512_cmp_ps_mask(t.raw, lowest, _CMP_GE_OQ), t);
+        // A key scoring -inf (an infinite input) drops out, as in SoftmaxTile; NaN stays.
+        e[half] = Exp2OrZero<true>(d, ExpKeep(t.raw, -125.5f), t);
       }
       sum = hn::Add(sum, hn::Add(e[0], e[1]));
       _mm512_storeu_si512(out + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(e[1].raw, e[0].raw));

@@ -53,7 +53,6 @@ HWY_INLINE void QkSoftmaxRowsF32(const float* HWY_RESTRICT q, int64_t ldq,
   const hn::Full512<float> d;
   using V = hn::Vec512<float>;
   const V log2e = hn::Set(d, kLog2e);
-  const __m512 lowest = _mm512_set1_ps(-125.5f);  // FastExp2's zero threshold
 #pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) {
     const float m =
@@ -67,8 +66,8 @@ HWY_INLINE void QkSoftmaxRowsF32(const float* HWY_RESTRICT q, int64_t ldq,
     V sum = hn::Load(d, sum_lanes + 16 * r);
     for (int v = 0; v < kVecs; ++v) {
       const V t = hn::MulSub(V{acc[r][v]}, log2e, off);
-      // A key scoring -inf (an infinite input) drops out, as in SoftmaxTile.
-      const V e = Exp2OrZero<false, true>(d, _mm512_cmp_ps_mask(t.raw, lowest, _CMP_GE_OQ), t);
+      // A key scoring -inf (an infinite input) drops out, as in SoftmaxTile; NaN stays.
+      const V e = Exp2OrZero<false, true>(d, ExpKeep(t.raw, -125.5f), t);
       sum = hn::Add(sum, e);
       hn::StoreU(e, d, out + 16 * v);
     }

@@ -42,7 +42,6 @@ SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16Impl(
   static_assert(kBlockKv % (2 * N) == 0, "P rows convert in pairs of vectors");
   const V log2e = hn::Set(d, kLog2e);
   const V c = hn::Set(d, score_scale * kLog2e);
-  const __m512 lowest = _mm512_set1_ps(-125.5f);  // FastExp2's zero threshold
   for (int64_t r0 = 0; r0 < rows; r0 += N) {
     HWY_ALIGN float maxes[N];
     hn::Store(RaiseRowMaxes(d, s, r0, rows, nullptr, nullptr, score_scale, row_max, alpha), d,
@@ -54,8 +53,10 @@ SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16Impl(
       if (r >= rows) continue;
       const float* row = s + r * kBlockKv;
       uint16_t* out = p + r * kBlockKv;
-      if (maxes[k] == kNegInf) {
-        std::fill(out, out + kBlockKv, uint16_t{0});
+      if (maxes[k] == kNegInf) {  // as in SoftmaxTile: zeros, or NaN for a NaN score
+        const bool nan = HasNaN(row, row + kBlockKv);
+        std::fill(out, out + kBlockKv, nan ? uint16_t{0x7FC0} : uint16_t{0});
+        if (nan) v[k] = hn::Set(d, std::nanf(""));
         continue;
       }
       const V m = hn::Set(d, maxes[k]);
@@ -67,7 +68,7 @@ SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16Impl(
           const V t = kPrescaled ? hn::Mul(hn::Sub(x, m), log2e) : hn::MulSub(x, c, off);
           // Also on tiles without masks: a key scoring -inf (an infinite input) then drops
           // out as in SoftmaxTile instead of turning the row sum into NaN.
-          const __mmask16 keep = _mm512_cmp_ps_mask(t.raw, lowest, _CMP_GE_OQ);
+          const __mmask16 keep = ExpKeep(t.raw, -125.5f);
           e[half] = Exp2OrZero<true>(d, keep, t);
           v[k] = hn::Add(v[k], e[half]);
         }

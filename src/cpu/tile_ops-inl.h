@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -189,6 +190,12 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
   }
 }
 
+/// Whether scores [first, last) hold a NaN. Asked only of rows with no finite score, where
+/// the row max (-inf) cannot carry it: Highway's Max may return the non-NaN operand.
+HWY_INLINE bool HasNaN(const float* first, const float* last) {
+  return std::any_of(first, last, [](float x) { return std::isnan(x); });
+}
+
 /// The max half of SoftmaxTile for rows [r0, r0 + N), N = Lanes: row r0 + k's scores in
 /// columns [first[k], last[k]) (whole vectors), or all kBlockKv columns of rows r0 + k <
 /// `rows` when `first` is null, raise row_max (scaled units); alpha gets the accumulators'
@@ -262,7 +269,11 @@ HWY_INLINE void SoftmaxTile(float* HWY_RESTRICT s, int64_t rows, const RowSuppor
       std::fill(row, row + first[k], 0.0f);
       std::fill(row + last[k], row + kBlockKv, 0.0f);
       if (maxes[k] == kNegInf) {
-        std::fill(row + first[k], row + last[k], 0.0f);
+        // No finite score: no probabilities, unless a score is NaN, which makes the row
+        // NaN as in PyTorch (elsewhere the exponentials carry NaN to the sums).
+        const bool nan = HasNaN(row + first[k], row + last[k]);
+        std::fill(row + first[k], row + last[k], nan ? std::nanf("") : 0.0f);
+        if (nan) v[k] = hn::Set(d, std::nanf(""));
         continue;
       }
       const V m = hn::Set(d, maxes[k]);
