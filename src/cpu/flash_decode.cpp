@@ -120,9 +120,11 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
       float max = -std::numeric_limits<float>::infinity();
       for (int64_t c = 0; c < chunks; ++c) {
         const float* item = base + (group * chunks + c) * item_floats;
-        // A chunk with a NaN score has a NaN sum (and maybe max): it poisons the row.
-        if (!(item[rows * ev_pad + rows + r] <= 0.0f)) {
-          max = max_keeping_nan(max, item[rows * ev_pad + r]);
+        // A chunk with a NaN score has a NaN sum (its max may be -inf when every score
+        // is NaN): it makes the row's max, and so the row, NaN.
+        const float chunk_sum = item[rows * ev_pad + rows + r];
+        if (!(chunk_sum <= 0.0f)) {
+          max = max_keeping_nan(max, std::isnan(chunk_sum) ? chunk_sum : item[rows * ev_pad + r]);
         }
       }
       std::fill(row.begin(), row.end(), 0.0f);

@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "common/harness.h"
 #include "sdpa/backend.h"
@@ -119,12 +120,18 @@ TEST_P(NaNInputs, NaNInAKeyMakesTheRowsThatSeeItNaN) {
   }
 }
 
-TEST_P(NaNInputs, DecodeNaNKeyMakesItsHeadNaN) {
+TEST_P(NaNInputs, DecodeNaNKeyOrQueryMakesItsHeadNaN) {
   for (SDPBackend backend : kBackends) {
     for (DType dtype : kDtypes) {
-      const RowNaNs n = row_nans(run(backend, dtype, 1, 3000, -1, 2500, false));
-      EXPECT_TRUE(n.out[0] && n.lse[0]) << backend_name(backend) << " " << dtype_name(dtype);
-      EXPECT_FALSE(n.out[1] || n.lse[1]) << backend_name(backend) << " " << dtype_name(dtype);
+      // A NaN key (one chunk's sum turns NaN), then a NaN query (every score NaN, so each
+      // chunk's max stays -inf), at decode lengths: one long row and a short one.
+      for (const auto& [S, q_row, key] :
+           {std::tuple{3000, -1, 2500}, std::tuple{3000, 0, -1}, std::tuple{8, 0, -1}}) {
+        const RowNaNs n = row_nans(run(backend, dtype, 1, S, q_row, key, false));
+        EXPECT_TRUE(n.out[0] && n.lse[0]) << GetParam() << " " << backend_name(backend) << " "
+                                          << dtype_name(dtype) << " S " << S << " q_row " << q_row;
+        EXPECT_FALSE(n.out[1] || n.lse[1]) << backend_name(backend) << " " << dtype_name(dtype);
+      }
     }
   }
 }
