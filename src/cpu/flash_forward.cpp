@@ -1,7 +1,10 @@
 // CPU flash forward: threading and scratch. The SIMD work is in flash_tile.cc.
 
 #include <algorithm>
+#include <atomic>
 #include <iterator>
+#include <thread>
+#include <vector>
 
 #include "core/parallel.h"
 #include "cpu/bf16_dot.h"
@@ -63,26 +66,34 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   if (p.batch * p.num_heads_q * q_blocks == 0) return;
   const bool bf16_dot = uses_bf16_dot(p);
   PackedKv kv(p, bf16_dot);
+  const int64_t generations = p.batch * p.num_heads_kv;
+  // Items done per (batch, kv head): a thread starts a (b, kv head) only once the one
+  // PackedKv::kSlots before it is done, whose slot it reuses.
+  std::vector<std::atomic<int64_t>> done(static_cast<size_t>(generations));
   detail::ParallelErrors errors;
-  // Per (batch, kv head): the threads share the q-blocks of every query head of the group,
-  // packing k/v tiles on first use. Dynamic scheduling balances causal masks, whose later
-  // q-blocks see more keys. The loop bodies never throw out of the region, so every
-  // thread reaches every barrier; the loop's closing barrier keeps a (b, kv head)'s tiles
-  // alive until every thread is done with them.
+  // One loop over the q-blocks of every query head of every (batch, kv head): the threads
+  // share a group's q-blocks, packing its k/v tiles on first use, and move on to the next
+  // group without waiting for each other. Dynamic scheduling balances causal masks, whose
+  // later q-blocks see more keys; monotonic, so every item of a group is taken before any
+  // of a later one and the wait for the slot always ends.
 #pragma omp parallel
   {
     FlashScratch scratch(p, bf16_dot);
-    for (int64_t bhk = 0; bhk < p.batch * p.num_heads_kv; ++bhk) {
-      const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t item = 0; item < group_items; ++item) {
-        try {
-          const int64_t h = hk * p.group_size() + item / q_blocks;
-          q_block(p, kv, b, h, (item % q_blocks) * kBlockQ, bhk + 1, scratch, out, lse);
-        } catch (...) {
-          errors.capture();
-        }
+#pragma omp for schedule(monotonic : dynamic, 1)
+    for (int64_t item = 0; item < generations * group_items; ++item) {
+      const int64_t bhk = item / group_items, in_group = item % group_items;
+      if (bhk >= PackedKv::kSlots) {
+        const std::atomic<int64_t>& previous = done[static_cast<size_t>(bhk - PackedKv::kSlots)];
+        while (previous.load(std::memory_order_acquire) != group_items) std::this_thread::yield();
       }
+      try {
+        const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
+        const int64_t h = hk * p.group_size() + in_group / q_blocks;
+        q_block(p, kv, b, h, (in_group % q_blocks) * kBlockQ, bhk + 1, scratch, out, lse);
+      } catch (...) {
+        errors.capture();
+      }
+      done[static_cast<size_t>(bhk)].fetch_add(1, std::memory_order_release);
     }
   }
   errors.rethrow();

@@ -40,13 +40,15 @@ inline void pack_transposed(const RowView& rows, int64_t first, int64_t count, i
   }
 }
 
-/// k and v of one (batch, kv head) as float32 tiles of kBlockKv keys, packed on first use:
+/// k and v of a (batch, kv head) as float32 tiles of kBlockKv keys, packed on first use:
 /// tile t holds k_t [E, kBlockKv] (transposed, for q.k^T) and, unless v is read in place,
 /// v [kBlockKv, Ev_pad] (for P.v); padding keys are zero. Packing on first use (instead of
 /// all tiles up front) skips tiles no q-block visits (windows, documents, padding,
 /// BlockMask), packs each tile just before its first GEMM while it is hot in cache, and
 /// needs no barrier between packing and computing. float32 v with unit column stride and
 /// Ev a multiple of kMaxLanes is read in place (it already has the GEMM's layout).
+/// Two slots hold consecutive (batch, kv head)s, so threads finishing one may start on the
+/// next without a barrier between them (flash_forward).
 class PackedKv {
  public:
   /// One key tile's operands for the GEMMs (float32, or bf16 pairs in bf16 mode).
@@ -74,32 +76,36 @@ class PackedKv {
                                                (v_in_place_ ? 0 : kBlockKv * head_dim_vo_padded_),
                                            kMaxLanes)),
         num_tiles_((p.kv_len + kBlockKv - 1) / kBlockKv),
-        buffer_(Tensor::empty({std::max<int64_t>(num_tiles_ * tile_floats_, 1)},
+        buffer_(Tensor::empty({std::max<int64_t>(kSlots * num_tiles_ * tile_floats_, 1)},
                               DType::kFloat32)),
-        claimed_(static_cast<size_t>(num_tiles_)),
-        ready_(static_cast<size_t>(num_tiles_)) {}
+        claimed_(static_cast<size_t>(kSlots * num_tiles_)),
+        ready_(static_cast<size_t>(kSlots * num_tiles_)) {}
+
+  /// How many (batch, kv head)s may be in flight at once: generations g and g + 1.
+  static constexpr int64_t kSlots = 2;
 
   int64_t num_tiles() const { return num_tiles_; }
 
   /// Tile `tile` of (b, hk), packing it first when no thread has yet for this (b, hk).
-  /// `generation` numbers the (b, hk) being computed (1, 2, ...): the caller must not
-  /// start generation g + 1 while any thread still reads tiles of g (a barrier). Safe to
-  /// call from several threads: one packs, the others wait for it. `row_tmp` holds
-  /// max(E, Ev) floats.
+  /// `generation` numbers the (b, hk) being computed (1, 2, ...) and picks its slot: the
+  /// caller must not start generation g + kSlots while any thread still reads tiles of g.
+  /// Safe to call from several threads: one packs, the others wait for it. `row_tmp`
+  /// holds max(E, Ev) floats.
   Tile tile(const AttentionParams& p, int64_t b, int64_t hk, int64_t tile, int64_t generation,
             float* row_tmp) const {
-    std::atomic<int64_t>& ready = ready_[static_cast<size_t>(tile)];
+    const int64_t slot_tile = generation % kSlots * num_tiles_ + tile;
+    std::atomic<int64_t>& ready = ready_[static_cast<size_t>(slot_tile)];
+    std::atomic<int64_t>& claimed = claimed_[static_cast<size_t>(slot_tile)];
     if (ready.load(std::memory_order_acquire) != generation) {
-      int64_t seen = claimed_[static_cast<size_t>(tile)].load(std::memory_order_relaxed);
-      if (seen != generation &&
-          claimed_[static_cast<size_t>(tile)].compare_exchange_strong(seen, generation)) {
-        pack(p, b, hk, tile, row_tmp);
+      int64_t seen = claimed.load(std::memory_order_relaxed);
+      if (seen != generation && claimed.compare_exchange_strong(seen, generation)) {
+        pack(p, b, hk, tile, base(slot_tile), row_tmp);
         ready.store(generation, std::memory_order_release);
       } else {
         while (ready.load(std::memory_order_acquire) != generation) std::this_thread::yield();
       }
     }
-    float* k_t = base(tile);
+    float* k_t = base(slot_tile);
     if (bf16_pairs_) {
       const uint16_t* k_pairs = reinterpret_cast<const uint16_t*>(k_t);
       return {nullptr, nullptr, 0, k_pairs, k_pairs + round_up(head_dim_qk_, 2) * kBlockKv};
@@ -114,10 +120,10 @@ class PackedKv {
 
  private:
   // Reads only the call's inputs and writes only this tile's slot, so it cannot fail.
-  void pack(const AttentionParams& p, int64_t b, int64_t hk, int64_t tile, float* row_tmp) const {
+  void pack(const AttentionParams& p, int64_t b, int64_t hk, int64_t tile, float* k_t,
+            float* row_tmp) const {
     const int64_t first = tile * kBlockKv;
     const int64_t count = std::min(kBlockKv, p.kv_len - first);
-    float* k_t = base(tile);
     if (bf16_pairs_) return pack_pairs(p, b, hk, first, count, reinterpret_cast<uint16_t*>(k_t));
     pack_transposed(RowView(p.k, b, hk), first, count, head_dim_qk_, k_t, row_tmp);
     if (v_in_place_) return;
@@ -138,13 +144,16 @@ class PackedKv {
     std::fill(v_pairs + packed * ev, v_pairs + kBlockKv * ev, uint16_t{0});
   }
 
-  float* base(int64_t tile) const { return buffer_.data<float>() + tile * tile_floats_; }
+  float* base(int64_t slot_tile) const {
+    return buffer_.data<float>() + slot_tile * tile_floats_;
+  }
   int64_t head_dim_qk_, head_dim_vo_, head_dim_vo_padded_;
   bool bf16_pairs_;
   bool v_in_place_;
   int64_t tile_floats_, num_tiles_;
   Tensor buffer_;
-  // Per tile: the generation that claimed packing it and the one whose packing finished.
+  // Per slot and tile: the generation that claimed packing it and the one whose packing
+  // finished.
   mutable std::vector<std::atomic<int64_t>> claimed_, ready_;
 };
 

@@ -480,5 +480,33 @@ TEST(EntryPoints, BitIdenticalForAnyThreadCount) {
   omp_set_num_threads(initial);
 }
 
+// The flash forward lets threads start the next (batch, kv head)s while others finish
+// earlier ones (PackedKv's two slots). Many small kv-head groups with more threads than
+// cores: a thread that is preempted falls behind by several groups, so a slot reused too
+// early would hand it another group's k/v.
+TEST(EntryPoints, FlashThreadsRunAheadAcrossKvHeads) {
+  Case c;
+  c.batch = 3;
+  c.heads_q = 12;
+  c.heads_kv = 6;
+  c.enable_gqa = true;
+  c.q_len = 130;
+  c.kv_len = 257;
+  c.causal = true;
+  c.dtype = DType::kFloat16;
+  const CaseInputs in = make_inputs(c);
+  const int initial = omp_get_max_threads();
+  sdpa_kernel guard(SDPBackend::FLASH_ATTENTION);
+  for (int threads : {2, 3, 5}) {
+    omp_set_num_threads(threads);
+    for (int rep = 0; rep < 4; ++rep) {
+      const AttentionResult r = scaled_dot_product_attention_with_lse(in.q, in.k, in.v, in.options);
+      EXPECT_TRUE(matches_reference(r.out, r.lse, in.ref, c.dtype, false))
+          << threads << " threads, repetition " << rep;
+    }
+  }
+  omp_set_num_threads(initial);
+}
+
 }  // namespace
 }  // namespace sdpa::test
