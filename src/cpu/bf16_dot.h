@@ -55,7 +55,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void ConvertRowPai
 }
 
 // The accumulate flag is a template argument: as a runtime one it made GCC spill and
-// reload all accumulators around the depth loop.
+// reload all accumulators around the depth loop. The products start from zero and C is
+// added at the end, so C's loads do not delay the first dpbf16 of every chain (the bf16
+// forward at E = 128 ran 1.5-3.5% faster than with C loaded into the accumulators).
 template <int kRows, int kVecs, bool kAccumulate>
 __attribute__((target("avx512f,avx512bf16"))) inline void Bf16MicroTile(
     const uint16_t* a, int64_t lda, int64_t a_pair_stride, const uint16_t* b, int64_t n, float* c,
@@ -64,9 +66,7 @@ __attribute__((target("avx512f,avx512bf16"))) inline void Bf16MicroTile(
 #pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < kVecs; ++v) {
-      acc[r][v] = kAccumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
-    }
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
   }
   for (int64_t d = 0; d < depth_pairs; ++d) {
     __m512bh bv[kVecs];
@@ -83,7 +83,11 @@ __attribute__((target("avx512f,avx512bf16"))) inline void Bf16MicroTile(
 #pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+    for (int v = 0; v < kVecs; ++v) {
+      float* out = c + r * ldc + 16 * v;
+      _mm512_storeu_ps(out,
+                       kAccumulate ? _mm512_add_ps(_mm512_loadu_ps(out), acc[r][v]) : acc[r][v]);
+    }
   }
 }
 
