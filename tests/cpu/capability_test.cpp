@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "common/capability.h"
 #include "common/harness.h"
 #include "cpu/capability.h"
 #include "cpu/flash_tile.h"
@@ -20,25 +21,11 @@ using ::testing::AnyOf;
 using ::testing::HasSubstr;
 namespace bcpu = sdpa::backends::cpu;
 
-int rank_of(const std::string& c) { return c == "AVX512" ? 2 : c == "AVX2" ? 1 : 0; }
-
-// Restores the default capability when a test ends, even on failure.
-struct CapabilityReset {
-  ~CapabilityReset() { bcpu::set_cpu_capability(""); }
-};
-
-std::vector<std::string> supported_capabilities() {
-  std::vector<std::string> out;
-  for (const char* c : {"AVX512", "AVX2", "DEFAULT"}) {
-    if (rank_of(c) <= rank_of(bcpu::detected_cpu_capability())) out.emplace_back(c);
-  }
-  return out;
-}
-
 TEST(Capability, ReportsOneOfTheKnownLevels) {
   EXPECT_THAT(bcpu::get_cpu_capability(), AnyOf("AVX512", "AVX2", "DEFAULT"));
   EXPECT_THAT(bcpu::detected_cpu_capability(), AnyOf("AVX512", "AVX2", "DEFAULT"));
-  EXPECT_LE(rank_of(bcpu::get_cpu_capability()), rank_of(bcpu::detected_cpu_capability()));
+  EXPECT_LE(capability_rank(bcpu::get_cpu_capability()),
+            capability_rank(bcpu::detected_cpu_capability()));
 }
 
 // Run once plainly and once by ctest with SDPA_CPU_CAPABILITY set (tests/CMakeLists.txt):
@@ -50,13 +37,13 @@ TEST(Capability, EnvironmentVariableLowersTheLevel) {
   if (env != nullptr) {
     const std::string want = env;
     const bool known = want == "AVX512" || want == "AVX2" || want == "DEFAULT";
-    if (known && rank_of(want) <= rank_of(detected)) expected = want;
+    if (known && capability_rank(want) <= capability_rank(detected)) expected = want;
   }
   EXPECT_EQ(bcpu::get_cpu_capability(), expected) << "SDPA_CPU_CAPABILITY=" << (env ? env : "");
 }
 
 TEST(Capability, SetForcesEverySupportedLevelAndEmptyRestores) {
-  CapabilityReset reset;
+  ScopedCapability reset;
   const std::string initial = bcpu::get_cpu_capability();
   for (const std::string& c : supported_capabilities()) {
     bcpu::set_cpu_capability(c);
@@ -68,7 +55,7 @@ TEST(Capability, SetForcesEverySupportedLevelAndEmptyRestores) {
 }
 
 TEST(Capability, SetRejectsUnknownAndUnattainableLevels) {
-  CapabilityReset reset;
+  ScopedCapability reset;
   for (const char* bad : {"SSE9", "avx3", "NEON", " AVX2"}) {
     try {
       bcpu::set_cpu_capability(bad);
@@ -83,7 +70,7 @@ TEST(Capability, SetRejectsUnknownAndUnattainableLevels) {
 }
 
 TEST(Capability, OverrideIsThreadLocal) {
-  CapabilityReset reset;
+  ScopedCapability reset;
   const std::string initial = bcpu::get_cpu_capability();
   bcpu::set_cpu_capability("DEFAULT");
   std::string seen_in_other_thread;
@@ -193,11 +180,11 @@ class ForcedCapability : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ForcedCapability, RepresentativeSweepMatchesReference) {
   const std::string capability = GetParam();
-  if (rank_of(capability) > rank_of(bcpu::detected_cpu_capability())) {
+  if (capability_rank(capability) > capability_rank(bcpu::detected_cpu_capability())) {
     GTEST_SKIP() << capability << " is not supported by this CPU ("
                  << bcpu::detected_cpu_capability() << ")";
   }
-  CapabilityReset reset;
+  ScopedCapability reset;
   bcpu::set_cpu_capability(capability);
   ASSERT_EQ(bcpu::get_cpu_capability(), capability);
   SweepTally tally;

@@ -9,6 +9,7 @@
 
 #include <cstring>
 
+#include "common/capability.h"
 #include "common/harness.h"
 #include "cpu/flash_decode.h"
 #include "sdpa/attn_bias.h"
@@ -17,24 +18,6 @@ namespace sdpa::test {
 namespace {
 
 namespace bcpu = backends::cpu;
-
-struct CapabilityReset {
-  ~CapabilityReset() { bcpu::set_cpu_capability(""); }
-};
-
-// Capabilities this CPU can run, best first.
-std::vector<std::string> capabilities() {
-  std::vector<std::string> out;
-  for (const char* c : {"AVX512", "AVX2", "DEFAULT"}) {
-    try {
-      bcpu::set_cpu_capability(c);
-      out.push_back(c);
-    } catch (const Error&) {
-    }
-  }
-  bcpu::set_cpu_capability("");
-  return out;
-}
 
 void expect_flash_ran(const Case& c, const CaseReport& r) {
   EXPECT_TRUE(r.ran_backend(SDPBackend::FLASH_ATTENTION)) << c.describe();
@@ -56,8 +39,8 @@ void expect_thread_count_invariant(const Tensor& q, const Tensor& k, const Tenso
 }
 
 TEST(Decode, ChunkBoundariesGroupsAndDtypesMatchReference) {
-  const CapabilityReset reset;
-  for (const std::string& capability : capabilities()) {
+  const ScopedCapability reset;
+  for (const std::string& capability : supported_capabilities()) {
     bcpu::set_cpu_capability(capability);
     for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
       for (int64_t kv_len : {1, 63, 511, 512, 513, 1100, 2049}) {
@@ -87,7 +70,7 @@ TEST(Decode, ChunkBoundariesGroupsAndDtypesMatchReference) {
 // 8 rows), misaligned rows (kSliceD) and a key stride that sends the keys through the
 // float32 tile (kStridedD).
 TEST(Decode, RowsInPlaceOddHeadDimsAndRowCounts) {
-  const CapabilityReset reset;
+  const ScopedCapability reset;
   struct Shape {
     int64_t heads_q, heads_kv, q_len, head_dim, head_dim_v;
     Layout kv_layout;
@@ -95,7 +78,7 @@ TEST(Decode, RowsInPlaceOddHeadDimsAndRowCounts) {
   const Shape shapes[] = {{3, 3, 1, 67, 33, Layout::kBHSD}, {6, 1, 1, 24, 200, Layout::kSliceD},
                           {7, 1, 1, 1, 17, Layout::kBSHD},  {8, 2, 2, 128, 128, Layout::kSliceD},
                           {5, 1, 1, 64, 96, Layout::kBSHD}, {4, 2, 3, 33, 67, Layout::kStridedD}};
-  for (const std::string& capability : capabilities()) {
+  for (const std::string& capability : supported_capabilities()) {
     bcpu::set_cpu_capability(capability);
     for (const Shape& s : shapes) {
       for (int64_t kv_len : {7, 700, 1029}) {
@@ -190,7 +173,7 @@ TEST(Decode, NativeBiasesMatchTheirMaterialization) {
 // against the float64 reference on every SIMD path, odd lengths (a short last chunk), and
 // bit-identical for 1 and 2 threads. The chunking does not depend on the dtype.
 TEST(Decode, LongerChunksMatchReferenceAndAreThreadCountInvariant) {
-  const CapabilityReset reset;
+  const ScopedCapability reset;
   for (const auto& [kv_len, chunk_len] : {std::pair<int64_t, int64_t>{9001, 1024}, {16500, 2048}}) {
     Case c;
     c.batch = 2;
@@ -207,7 +190,7 @@ TEST(Decode, LongerChunksMatchReferenceAndAreThreadCountInvariant) {
     SDPAOptions options;
     options.enable_gqa = true;
     EXPECT_EQ(cpu::decode_chunk_len(make_params(q, k, v, options)), chunk_len);
-    for (const std::string& capability : capabilities()) {
+    for (const std::string& capability : supported_capabilities()) {
       bcpu::set_cpu_capability(capability);
       SCOPED_TRACE(capability);
       c.dtype = DType::kBFloat16;

@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 
+#include "common/capability.h"
 #include "common/harness.h"
 #include "sdpa/backend.h"
 #include "sdpa/sdpa.h"
@@ -20,12 +21,6 @@ namespace sdpa::test {
 namespace {
 
 namespace bcpu = sdpa::backends::cpu;
-
-int rank_of(const std::string& c) { return c == "AVX512" ? 2 : c == "AVX2" ? 1 : 0; }
-
-struct CapabilityReset {
-  ~CapabilityReset() { bcpu::set_cpu_capability(""); }
-};
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -72,12 +67,12 @@ AttentionResult run(SDPBackend backend, DType dtype, int64_t L, int64_t S, int64
 class NaNInputs : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (rank_of(GetParam()) > rank_of(bcpu::detected_cpu_capability())) {
+    if (capability_rank(GetParam()) > capability_rank(bcpu::detected_cpu_capability())) {
       GTEST_SKIP() << GetParam() << " is not supported by this CPU";
     }
     bcpu::set_cpu_capability(GetParam());
   }
-  CapabilityReset reset_;
+  ScopedCapability reset_;
 };
 
 const SDPBackend kBackends[] = {SDPBackend::MATH, SDPBackend::FLASH_ATTENTION};

@@ -170,9 +170,9 @@ TEST(FlexCapturedGrads, FlashMatchesMath) {
       const auto r32 = sdpa::flex_attention(q, k, v, sm, &bm, opts);
       g32 = sdpa::flex_attention_backward(dout, q, k, v, r32.out, r32.lse, sm, &bm, opts);
     }
-    for (const std::string& cap : attainable_capabilities()) {
+    for (const std::string& cap : supported_capabilities()) {
       SCOPED_TRACE("capability " + cap);
-      CapabilityGuard cg(cap);
+      ScopedCapability cg(cap);
       sdpa::sdpa_kernel guard(SDPBackend::FLASH_ATTENTION);
       const auto r = sdpa::flex_attention(q, k, v, sm, &bm, opts);
       const auto g = sdpa::flex_attention_backward(dout, q, k, v, r.out, r.lse, sm, &bm, opts);

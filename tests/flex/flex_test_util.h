@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "common/capability.h"
 #include "sdpa/flex.h"
 #include "sdpa/flex_attention.h"
 #include "sdpa/sdpa.h"
@@ -36,6 +37,8 @@ namespace flex_test {
 using sdpa::DType;
 using sdpa::Shape;
 using sdpa::Tensor;
+using sdpa::test::ScopedCapability;
+using sdpa::test::supported_capabilities;
 
 inline constexpr double kFudgeOut = 4.0;
 inline constexpr double kFudgeLse = 4.0;
@@ -303,15 +306,6 @@ inline RefGrads reference_backward(const Tensor& dout, const Tensor& q, const Te
   return g;
 }
 
-/// RAII: forces a CPU capability for the calling thread, restoring the default after.
-class CapabilityGuard {
- public:
-  explicit CapabilityGuard(const std::string& name) { sdpa::backends::cpu::set_cpu_capability(name); }
-  ~CapabilityGuard() { sdpa::backends::cpu::set_cpu_capability(""); }
-  CapabilityGuard(const CapabilityGuard&) = delete;
-  CapabilityGuard& operator=(const CapabilityGuard&) = delete;
-};
-
 /// RAII: runs the library's OpenMP regions on `threads` threads, restoring the previous
 /// setting after. Used around loops of many tiny calls (finite differences), where a
 /// region's fork/join costs more than its work on a loaded machine.
@@ -325,19 +319,6 @@ class OmpThreadsGuard {
  private:
   int saved_;
 };
-
-/// Capabilities this CPU can run, best first ("AVX512", "AVX2", "DEFAULT" as attainable).
-inline std::vector<std::string> attainable_capabilities() {
-  const std::string best = sdpa::backends::cpu::detected_cpu_capability();
-  std::vector<std::string> all{"AVX512", "AVX2", "DEFAULT"};
-  std::vector<std::string> out;
-  bool reached = false;
-  for (const std::string& c : all) {
-    reached = reached || c == best;
-    if (reached) out.push_back(c);
-  }
-  return out;
-}
 
 /// A float32 [n] tensor from values.
 inline Tensor float_tensor(const std::vector<float>& v) {

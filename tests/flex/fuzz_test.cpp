@@ -232,9 +232,9 @@ void check_forward_and_backward(const FuzzCall& c, FuzzStats& stats) {
   const double naive_lse = std::max(max_abs_diff(m32.lse, gold.lse, 1, &unstable),
                                     max_abs_diff(prog32.lse, gold.lse, 1, &unstable));
   std::vector<sdpa::AttentionResult> flash;
-  for (const std::string& cap : attainable_capabilities()) {
+  for (const std::string& cap : supported_capabilities()) {
     SCOPED_TRACE("capability " + cap);
-    CapabilityGuard cg(cap);
+    ScopedCapability cg(cap);
     sdpa::sdpa_kernel guard(SDPBackend::FLASH_ATTENTION);
     flash.push_back(sdpa::flex_attention(c.q, c.k, c.v, c.score_mod, bm, opts));
     EXPECT_TRUE(all_close(flash.back().out, gold.out,
@@ -310,10 +310,10 @@ void check_forward_and_backward(const FuzzCall& c, FuzzStats& stats) {
   const double nq = std::max(max_abs_diff(g32.grad_q, ggold.dq), max_abs_diff(gprog32.dq, ggold.dq));
   const double nk = std::max(max_abs_diff(g32.grad_k, ggold.dk), max_abs_diff(gprog32.dk, ggold.dk));
   const double nv = std::max(max_abs_diff(g32.grad_v, ggold.dv), max_abs_diff(gprog32.dv, ggold.dv));
-  const std::vector<std::string> caps = attainable_capabilities();
+  const std::vector<std::string> caps = supported_capabilities();
   for (size_t ci = 0; ci < caps.size(); ++ci) {
     SCOPED_TRACE("capability " + caps[ci]);
-    CapabilityGuard cg(caps[ci]);
+    ScopedCapability cg(caps[ci]);
     sdpa::sdpa_kernel guard(SDPBackend::FLASH_ATTENTION);
     const auto g = sdpa::flex_attention_backward(c.dout, c.q, c.k, c.v, flash[ci].out,
                                                  flash[ci].lse, c.score_mod, bm, opts);

@@ -50,9 +50,9 @@ void check_against_oracle(const Program& sm, const SDPAOptions& opts, int64_t L,
     sdpa::sdpa_kernel guard(SDPBackend::MATH);
     naive = max_abs_diff(sdpa::flex_attention(q, k, v, sm, nullptr, opts).out, gold.out);
   }
-  for (const std::string& cap : attainable_capabilities()) {
+  for (const std::string& cap : supported_capabilities()) {
     SCOPED_TRACE("capability " + cap);
-    CapabilityGuard cg(cap);
+    ScopedCapability cg(cap);
     sdpa::sdpa_kernel guard(SDPBackend::FLASH_ATTENTION);
     const auto r = sdpa::flex_attention(q, k, v, sm, nullptr, opts);
     EXPECT_TRUE(
@@ -149,9 +149,9 @@ TEST(FlexRowEval, FailuresAtKeptElementsAreReported) {
       [](const Expr& s, const Expr&, const Expr&, const Expr& qi, const Expr& kv) {
         return s + sdpa::flex::to_float(sdpa::flex::floor_div(Expr(7), kv - qi - Expr(1)));
       });
-  for (const std::string& cap : attainable_capabilities()) {
+  for (const std::string& cap : supported_capabilities()) {
     SCOPED_TRACE("capability " + cap);
-    CapabilityGuard cg(cap);
+    ScopedCapability cg(cap);
     for (SDPBackend backend : {SDPBackend::FLASH_ATTENTION, SDPBackend::MATH}) {
       SCOPED_TRACE(std::string(sdpa::backend_name(backend)));
       sdpa::sdpa_kernel guard(backend);

@@ -162,7 +162,7 @@ void check_mod(const ModSpec& spec, const CaseShape& sh, DType dtype,
 
   for (const std::string& cap : capabilities) {
     SCOPED_TRACE("capability " + cap);
-    CapabilityGuard cg(cap);
+    ScopedCapability cg(cap);
     sdpa::sdpa_kernel guard(SDPBackend::FLASH_ATTENTION);
     const auto r = sdpa::flex_attention(q, k, v, spec.score_mod, bmp, opts);
     EXPECT_EQ(r.backend, SDPBackend::FLASH_ATTENTION);
@@ -207,7 +207,7 @@ void check_mod(const ModSpec& spec, const CaseShape& sh, DType dtype,
 // low-precision shapes), or with `reduced` over kReducedShapes in float32 only (for a mod's
 // secondary parameter values, keeping the executable's runtime down).
 void run_all(const SpecFactory& factory, uint64_t seed, bool reduced = false) {
-  const std::vector<std::string> caps = attainable_capabilities();
+  const std::vector<std::string> caps = supported_capabilities();
   const std::string default_cap = sdpa::backends::cpu::get_cpu_capability();
   int ran = 0;
   for (size_t s = 0; s < kShapes.size(); ++s) {

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "common/capability.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa_test {
@@ -44,6 +45,8 @@ namespace sdpa_test {
 using sdpa::DType;
 using sdpa::Shape;
 using sdpa::Tensor;
+using sdpa::test::ScopedCapability;
+using sdpa::test::supported_capabilities;
 
 /// Fudge factor on the tolerance (see the header comment).
 inline constexpr double kFudge = 4.0;
@@ -284,25 +287,6 @@ inline void expect_matches_golden(const FwdBwd& tested, const FwdBwd& golden, co
   EXPECT_EQ(tested.grads.grad_v.dtype(), dtype);
   EXPECT_EQ(tested.fwd.lse.dtype(), DType::kFloat32);
 }
-
-/// Capabilities this CPU can run, best first ("AVX512", "AVX2", "DEFAULT").
-inline std::vector<std::string> supported_capabilities() {
-  const std::string best = sdpa::backends::cpu::detected_cpu_capability();
-  std::vector<std::string> all = {"AVX512", "AVX2", "DEFAULT"};
-  auto it = std::find(all.begin(), all.end(), best);
-  return std::vector<std::string>(it == all.end() ? all.end() - 1 : it, all.end());
-}
-
-/// Forces a CPU capability for the calling thread while alive.
-class ScopedCapability {
- public:
-  explicit ScopedCapability(const std::string& capability) {
-    sdpa::backends::cpu::set_cpu_capability(capability);
-  }
-  ~ScopedCapability() { sdpa::backends::cpu::set_cpu_capability(""); }
-  ScopedCapability(const ScopedCapability&) = delete;
-  ScopedCapability& operator=(const ScopedCapability&) = delete;
-};
 
 /// The message of the sdpa::Error `f` throws ("" plus a test failure when none).
 template <typename F>
