@@ -8,7 +8,8 @@ under ``torch.compile(fullgraph=True)`` as single opaque nodes::
     out = sdpa.torch.scaled_dot_product_attention(q, k, v, is_causal=True)
     out.sum().backward()
 
-``sdpa.scaled_dot_product_attention`` routes torch tensors here by itself.
+``sdpa.scaled_dot_product_attention`` routes torch tensors here by itself. Eager calls
+with nothing to differentiate or trace skip the op (``_runs_eagerly``).
 
 Biases: built-in ``sdpa.attention.bias`` objects (and torch's CausalBias) travel to the op
 as a JSON string and run natively; others (Python subclasses, compositions with a tensor)
@@ -24,6 +25,7 @@ from typing import Any, Optional
 
 import torch
 from torch import Tensor
+from torch.utils import _python_dispatch
 
 from . import _C
 from .attention import bias as _bias
@@ -44,18 +46,27 @@ def _unsigned(s: int) -> int:
     return s + _U64 if s < 0 else s
 
 
+def _run(query, key, value, attn_mask, bias, dropout_p, is_causal, scale, enable_gqa,
+         dropout_seed, dropout_offset):
+    """The op's work on real tensors: (out, lse, backend, (seed, offset) unsigned)."""
+    mask = attn_mask if attn_mask is not None else (_bias.from_spec(bias) if bias else None)
+    state = None if dropout_offset < 0 else (_unsigned(dropout_seed), dropout_offset)
+    out, lse, backend, drawn = _C.attention(
+        query, key, value, mask, dropout_p, is_causal, scale, enable_gqa, None, state)
+    return torch.from_dlpack(out), torch.from_dlpack(lse), backend, tuple(drawn)
+
+
 @torch.library.custom_op("sdpa::attention", mutates_args=())
 def _attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
                bias: Optional[str], dropout_p: float, is_causal: bool, scale: Optional[float],
                enable_gqa: bool, dropout_seed: int,
                dropout_offset: int) -> tuple[Tensor, Tensor, Tensor]:
     """Returns (out, lse float32, info int64 [seed, offset, backend])."""
-    mask = attn_mask if attn_mask is not None else (_bias.from_spec(bias) if bias else None)
-    state = None if dropout_offset < 0 else (_unsigned(dropout_seed), dropout_offset)
-    out, lse, backend, (seed, offset) = _C.attention(
-        query, key, value, mask, dropout_p, is_causal, scale, enable_gqa, None, state)
+    out, lse, backend, (seed, offset) = _run(query, key, value, attn_mask, bias, dropout_p,
+                                             is_causal, scale, enable_gqa, dropout_seed,
+                                             dropout_offset)
     info = torch.tensor([_signed(seed), offset, int(backend.value)], dtype=torch.int64)
-    return torch.from_dlpack(out), torch.from_dlpack(lse), info
+    return out, lse, info
 
 
 @_attention.register_fake
@@ -141,8 +152,31 @@ def _mask_args(attn_mask: Any, query: Tensor,
     return dense.to(query.device), None
 
 
+def _runs_eagerly(*tensors: Optional[Tensor]) -> bool:
+    """Whether a call may run the kernel directly instead of through the sdpa::attention
+    op: plain CPU tensors, none needing a gradient, and nothing that records or redirects
+    torch calls (torch.compile, __torch_function__ subclasses and modes, dispatch modes
+    such as FakeTensorMode or make_fx's tracer, functorch transforms). The op's dispatch
+    and autograd wrapper cost 25-60 us a call, more than a short decode step's kernel."""
+    if torch.compiler.is_compiling():
+        return False
+    grad = torch.is_grad_enabled()
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    for t in tensors:
+        if t is None:
+            continue
+        if (type(t) is not Tensor or t.device.type != "cpu" or (grad and t.requires_grad)
+                or wrapped is None or wrapped(t)):
+            return False
+    in_dispatch_mode = getattr(_python_dispatch, "is_in_torch_dispatch_mode", None)
+    return (in_dispatch_mode is not None and not in_dispatch_mode()
+            and not torch.overrides.has_torch_function(tensors))
+
+
 def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, generator,
           dropout_state):
+    """Returns (out, lse, info): through the op unless _runs_eagerly, info then being the
+    op's int64 [seed, offset, backend] tensor, else (backend, (seed, offset))."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor like query, got "
@@ -155,9 +189,12 @@ def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
     elif generator is not None and dropout_p > 0:
         s, o = generator.next_state()
         seed, offset = _signed(s), o
-    return torch.ops.sdpa.attention(
-        query, key, value, mask, spec, float(dropout_p), bool(is_causal),
-        None if scale is None else float(scale), bool(enable_gqa), seed, offset)
+    args = (query, key, value, mask, spec, float(dropout_p), bool(is_causal),
+            None if scale is None else float(scale), bool(enable_gqa), seed, offset)
+    if _runs_eagerly(query, key, value, mask):
+        out, lse, backend, drawn = _run(*args)
+        return out, lse, (backend, drawn)
+    return torch.ops.sdpa.attention(*args)
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
@@ -167,9 +204,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                                  generator: Optional["_C.Generator"] = None) -> Tensor:
     """torch.nn.functional.scaled_dot_product_attention through the sdpa::attention op
     (differentiable in query, key, value and a float attn_mask)."""
-    out, _, _ = _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                      generator, None)
-    return out
+    return _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                 generator, None)[0]
 
 
 def scaled_dot_product_attention_with_lse(query: Tensor, key: Tensor, value: Tensor,
@@ -185,8 +221,10 @@ def scaled_dot_product_attention_with_lse(query: Tensor, key: Tensor, value: Ten
 
     out, lse, info = _call(query, key, value, attn_mask, dropout_p, is_causal, scale,
                            enable_gqa, generator, dropout_state)
-    seed, offset, backend = info.tolist()
-    return AttentionOutput(out, lse, _C.SDPBackend(backend), (_unsigned(seed), offset))
+    if isinstance(info, Tensor):  # the op's [seed, offset, backend]
+        seed, offset, backend = info.tolist()
+        info = (_C.SDPBackend(backend), (_unsigned(seed), offset))
+    return AttentionOutput(out, lse, *info)
 
 
 class _FlexFunction(torch.autograd.Function):

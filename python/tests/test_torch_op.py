@@ -261,3 +261,79 @@ print("ok")
 """
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+# ---- eager calls that need no gradient skip the op (sdpa.torch._runs_eagerly) ----------
+
+def _eager_vs_op_cases():
+    q, k, v = qkv(2, 4, 7, 16, s=65, hkv=2, grad=False, seed=3)
+    mask = torch.randn(2, 1, 7, 65)
+    return [
+        dict(args=(q, k, v), kw=dict(is_causal=True, enable_gqa=True)),
+        dict(args=(q, k, v), kw=dict(attn_mask=mask, enable_gqa=True, scale=0.3)),
+        dict(args=(q, k, v), kw=dict(attn_mask=B.causal_lower_right(7, 65), enable_gqa=True)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_eager_calls_without_gradients_match_the_op(case):
+    c = _eager_vs_op_cases()[case]
+    q, k, v = c["args"]
+    assert sdpa.torch._runs_eagerly(q, k, v, None)
+    eager = sdpa.scaled_dot_product_attention_with_lse(q, k, v, **c["kw"])
+    qg = q.clone().requires_grad_()
+    assert not sdpa.torch._runs_eagerly(qg, k, v, None)  # a gradient to track: the op
+    via_op = sdpa.scaled_dot_product_attention_with_lse(qg, k, v, **c["kw"])
+    assert via_op.out.requires_grad and not eager.out.requires_grad
+    torch.testing.assert_close(eager.out, via_op.out.detach(), atol=0, rtol=0)
+    torch.testing.assert_close(eager.lse, via_op.lse, atol=0, rtol=0)
+    assert eager.backend == via_op.backend == sdpa.SDPBackend.FLASH_ATTENTION
+    with torch.no_grad():  # no_grad also runs eagerly, with tensors that require grad
+        assert sdpa.torch._runs_eagerly(qg, k, v, None)
+        torch.testing.assert_close(sdpa.scaled_dot_product_attention(qg, k, v, **c["kw"]),
+                                   eager.out, atol=0, rtol=0)
+
+
+def test_eager_dropout_draws_like_the_op_and_replays():
+    q, k, v = qkv(1, 2, 9, 8, s=33, grad=False, seed=4)
+    sdpa.manual_seed(77)
+    eager = sdpa.scaled_dot_product_attention_with_lse(q, k, v, dropout_p=0.4)
+    sdpa.manual_seed(77)
+    qg = q.clone().requires_grad_()
+    via_op = sdpa.scaled_dot_product_attention_with_lse(qg, k, v, dropout_p=0.4)
+    assert eager.dropout_state == via_op.dropout_state
+    torch.testing.assert_close(eager.out, via_op.out.detach(), atol=0, rtol=0)
+    replay = sdpa.scaled_dot_product_attention_with_lse(q, k, v, dropout_p=0.4,
+                                                        dropout_state=eager.dropout_state)
+    torch.testing.assert_close(replay.out, eager.out, atol=0, rtol=0)
+
+
+def test_tracers_and_modes_still_see_the_op():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    q, k, v = qkv(1, 2, 5, 8, grad=False)
+
+    def f(q, k, v):
+        return sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    graph = make_fx(f)(q, k, v)  # real tensors under make_fx's dispatch mode
+    assert "sdpa.attention" in str(graph.code)
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as mode:
+        out = f(q, k, v)
+    assert any("sdpa.attention" in op for op in mode.ops)
+    torch.testing.assert_close(out, f(q, k, v), atol=0, rtol=0)
+    with torch.device("meta"):
+        meta = sdpa.scaled_dot_product_attention(
+            torch.empty(1, 2, 5, 8), torch.empty(1, 2, 5, 8), torch.empty(1, 2, 5, 8))
+    assert meta.device.type == "meta" and meta.shape == (1, 2, 5, 8)
