@@ -1,23 +1,26 @@
-// The public entry points: validate, select, run through the registry.
+// The public forward entry points: validate, select, run the selected backend's kernel.
 
 #include "dispatch/backend_impl.h"
 #include "dispatch/lowering.h"
-#include "registry/registry_impl.h"
 
 namespace sdpa {
 
-// The `attention` op of the registry (src/registry) on the params' device: for CPU tensors
-// the selected backend's kernel, for an external device its plugin's kernel (or the CPU
-// fallback).
+// Built-in backends write into outputs allocated here; OVERRIDEABLE runs through the
+// operator registry, which allocates on the external device.
 AttentionResult run_forward(const AttentionParams& params) {
-  OpCall call;
-  call.params = &params;
-  call.backend = select_backend(params);
-  registry::call(registry::OpId::kAttention, call);
+  const detail::BackendImpl& impl = detail::backend_impl(select_backend(params));
+  SDPBackend ran = impl.id;
+  detail::ForwardOutputs outputs;
+  if (impl.external_forward != nullptr) {
+    outputs = impl.external_forward(params, ran);
+  } else {
+    outputs = detail::allocate_forward_outputs(params);
+    detail::forward_into(impl, params, outputs.out, outputs.lse);
+  }
   AttentionResult result;
-  result.backend = call.backend;
-  result.out = std::move(call.returns.at(0));
-  result.lse = std::move(call.returns.at(1));
+  result.backend = ran;
+  result.out = std::move(outputs.out);
+  result.lse = std::move(outputs.lse);
   result.philox = params.dropout.philox;
   if (params.unbatched) {
     result.out = result.out.squeeze(0);

@@ -6,7 +6,7 @@
 #include "core/element_access.h"
 #include "dispatch/backend_impl.h"
 #include "dispatch/lowering.h"
-#include "registry/registry_impl.h"
+#include "sdpa/registry.h"
 #include "sdpa/flex.h"
 
 namespace sdpa {
@@ -43,25 +43,31 @@ Tensor sum_to_mask_shape(const Tensor& full, const Tensor& mask) {
 
 }  // namespace
 
-// The registry's `attention_backward` op on the params' device (see run_forward).
+// As run_forward: built-in backends write into gradients allocated here, OVERRIDEABLE
+// runs through the operator registry.
 AttentionGradients run_backward(const AttentionParams& p, const Tensor& attn_mask) {
-  OpCall call;
-  call.params = &p;
-  call.backend = select_backend(p);
-  registry::call(registry::OpId::kAttentionBackward, call);
+  const detail::BackendImpl& impl = detail::backend_impl(select_backend(p));
+  SDPBackend ran = impl.id;
+  detail::BackwardOutputs outputs;
+  if (impl.external_backward != nullptr) {
+    outputs = impl.external_backward(p, ran);
+  } else {
+    outputs = detail::allocate_backward_outputs(p);
+    detail::backward_into(impl, p, outputs);
+  }
   AttentionGradients g;
-  g.backend = call.backend;
+  g.backend = ran;
   auto drop_batch = [&](const Tensor& t) { return p.unbatched ? t.squeeze(0) : t; };
-  g.grad_q = drop_batch(call.returns.at(0));
-  g.grad_k = drop_batch(call.returns.at(1));
-  g.grad_v = drop_batch(call.returns.at(2));
+  g.grad_q = drop_batch(outputs.grad_q);
+  g.grad_k = drop_batch(outputs.grad_k);
+  g.grad_v = drop_batch(outputs.grad_v);
   if (p.attn_mask_requires_grad) {
     // The reduction reads host memory; an external device's gradient goes there and back.
-    const Tensor grad_mask = drop_batch(call.returns.at(3));
+    const Tensor grad_mask = drop_batch(outputs.grad_mask);
     g.grad_attn_mask = to_device(
         sum_to_mask_shape(to_host(grad_mask), attn_mask), attn_mask.device());
   }
-  g.grad_captured = std::move(call.tensor_list);
+  g.grad_captured = std::move(outputs.grad_captured);
   // One entry per captured tensor of the score_mod, undefined where none was computed
   // (the kernels return none at all when no captured tensor requires grad).
   if (p.mask.score_mod && g.grad_captured.empty()) {

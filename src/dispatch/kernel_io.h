@@ -1,11 +1,17 @@
 #pragma once
-// What backward kernels write.
+// What forward and backward kernels write.
 
 #include <vector>
 
 #include "sdpa/tensor.h"
 
 namespace sdpa::detail {
+
+/// Outputs of a forward kernel: out [B, Hq, L, Ev] (params.dtype) and lse [B, Hq, L]
+/// (float32).
+struct ForwardOutputs {
+  Tensor out, lse;
+};
 
 /// Outputs of a backward kernel: grad_q [B, Hq, L, E], grad_k [B, Hkv, S, E],
 /// grad_v [B, Hkv, S, Ev] (contiguous, params.dtype, preallocated), grad_mask

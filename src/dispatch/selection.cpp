@@ -93,12 +93,20 @@ std::string Explanation::to_string() const {
 }
 
 SDPBackend select_backend(const AttentionParams& params) {
+  return detail::select_from(params, active_backends());
+}
+
+namespace detail {
+
+SDPBackend select_from(const AttentionParams& params, std::span<const SDPBackend> order) {
   Reasons quiet{false, {}};
-  for (SDPBackend b : active_backends()) {
-    if (detail::run_checks(detail::backend_impl(b), params, quiet)) return b;
+  for (SDPBackend b : order) {
+    if (run_checks(backend_impl(b), params, quiet)) return b;
   }
   throw Error("scaled_dot_product_attention: no backend can run " + call_summary(params) +
               "\n" + explain(params).to_string());
 }
+
+}  // namespace detail
 
 }  // namespace sdpa

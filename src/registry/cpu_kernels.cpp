@@ -1,6 +1,9 @@
-// The CPU dispatch key's kernels. attention.out and attention_backward[.out] run the
-// backend selection chose (MATH / FLASH_ATTENTION, through the backend table); the
-// functional attention and both in-place variants are derived by the registry.
+// The CPU dispatch key's kernels, serving the public op API (out= and in-place variants,
+// call_op) and the CPU fallback of external backends. attention.out and
+// attention_backward[.out] run the backend selection chose (MATH / FLASH_ATTENTION,
+// through the backend table); the functional attention and both in-place variants are
+// derived by the registry. The plain forward and backward calls do not come here: they
+// run the selected backend's kernel directly (src/dispatch/attention.cpp).
 
 #include <cmath>
 #include <cstring>
@@ -8,7 +11,6 @@
 #include <vector>
 
 #include "dispatch/backend_impl.h"
-#include "dispatch/lowering.h"
 #include "registry/registry_impl.h"
 
 namespace sdpa::registry {
@@ -22,9 +24,7 @@ const detail::BackendImpl& cpu_impl(OpCall& call) {
 // attention.out: writes out [B, Hq, L, Ev] and lse [B, Hq, L] (contiguous).
 void attention_out(OpCall& call) {
   const AttentionParams& p = *call.params;
-  const detail::BackendImpl& impl = cpu_impl(call);
-  impl.forward(impl.native_bias ? p : with_materialized_bias(p), call.args.at(0),
-               call.args.at(1));
+  detail::forward_into(cpu_impl(call), p, call.args.at(0), call.args.at(1));
 }
 
 // attention_backward: returns grad_q/k/v, the full [B, Hq, L, S] mask gradient when asked
@@ -32,14 +32,8 @@ void attention_out(OpCall& call) {
 void attention_backward(OpCall& call) {
   const AttentionParams& p = *call.params;
   const detail::BackendImpl& impl = cpu_impl(call);
-  detail::BackwardOutputs outputs;
-  outputs.grad_q = Tensor::empty(p.q.sizes(), p.dtype);
-  outputs.grad_k = Tensor::empty(p.k.sizes(), p.dtype);
-  outputs.grad_v = Tensor::empty(p.v.sizes(), p.dtype);
-  if (p.attn_mask_requires_grad) {
-    outputs.grad_mask = Tensor::empty({p.batch, p.num_heads_q, p.q_len, p.kv_len}, p.dtype);
-  }
-  impl.backward(impl.native_bias ? p : with_materialized_bias(p), outputs);
+  detail::BackwardOutputs outputs = detail::allocate_backward_outputs(p);
+  detail::backward_into(impl, p, outputs);
   call.returns = {outputs.grad_q, outputs.grad_k, outputs.grad_v, outputs.grad_mask};
   call.tensor_list = std::move(outputs.grad_captured);
 }
@@ -47,12 +41,11 @@ void attention_backward(OpCall& call) {
 // attention_backward.out: writes grad_q/k/v (contiguous; no mask gradient).
 void attention_backward_out(OpCall& call) {
   const AttentionParams& p = *call.params;
-  const detail::BackendImpl& impl = cpu_impl(call);
   detail::BackwardOutputs outputs;
   outputs.grad_q = call.args.at(0);
   outputs.grad_k = call.args.at(1);
   outputs.grad_v = call.args.at(2);
-  impl.backward(impl.native_bias ? p : with_materialized_bias(p), outputs);
+  detail::backward_into(cpu_impl(call), p, outputs);
 }
 
 // Merges two partial attention results row by row in float64 (see registry.h).
@@ -134,8 +127,7 @@ SDPBackend cpu_backend_for(const AttentionParams& params, SDPBackend chosen) {
     if (b == SDPBackend::MATH || b == SDPBackend::FLASH_ATTENTION) cpu.push_back(b);
   }
   if (cpu.empty()) cpu = {SDPBackend::FLASH_ATTENTION, SDPBackend::MATH};
-  sdpa_kernel guard(cpu, /*set_priority=*/true);
-  return select_backend(params);
+  return detail::select_from(params, cpu);
 }
 
 void register_cpu_kernels(BackendHandle cpu) {

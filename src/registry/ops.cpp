@@ -3,7 +3,6 @@
 
 #include <cmath>
 
-#include "dispatch/lowering.h"
 #include "registry/registry_impl.h"
 
 namespace sdpa::registry {

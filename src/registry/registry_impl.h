@@ -53,17 +53,13 @@ int find_op(std::string_view name);
 /// Calls op `id` (OpCall as for call_op).
 void call(OpId id, OpCall& call);
 
-/// OVERRIDEABLE's checks: a backend is registered for the external device; that backend's
-/// own checks pass (when it has a kernel for the call; otherwise the CPU fallback serves).
-bool check_external_backend_registered(const AttentionParams& params, Reasons& reasons);
-bool check_external_backend_checks(const AttentionParams& params, Reasons& reasons);
-
 /// Registers the CPU kernels (cpu_kernels.cpp) on the CPU key.
 void register_cpu_kernels(BackendHandle cpu);
 
 /// The CPU backend that runs `params` for the calling thread: `chosen` when it is MATH or
-/// FLASH_ATTENTION, otherwise the first CPU backend the active guard allows (FLASH, MATH
-/// when it allows none, as the CPU fallback must run somewhere) whose checks pass.
+/// FLASH_ATTENTION, otherwise the first CPU backend the active backends allow (FLASH, MATH
+/// when they allow none, as the CPU fallback must run somewhere) whose checks pass. No
+/// guard is pushed: the allowed list is passed to the selection explicitly.
 SDPBackend cpu_backend_for(const AttentionParams& params, SDPBackend chosen);
 
 /// The interface of an external device (null for CPU/CUDA or an unregistered device).

@@ -1,0 +1,55 @@
+// The CPU backends' records: MATH (the reference) and FLASH_ATTENTION, their named checks
+// and kernels.
+
+#include <string>
+
+#include "cpu/kernels.h"
+#include "dispatch/backend_impl.h"
+
+namespace sdpa::detail {
+namespace {
+
+// FLASH keeps a [block, head_dim] float32 tile of q, k, v and the output per thread; this
+// bound keeps those tiles inside L2.
+constexpr int64_t kFlashCpuMaxHeadDim = 1024;
+
+bool check_cpu_device(const AttentionParams& p, Reasons& r) {
+  if (p.device.type == DeviceType::kCPU) return true;
+  r.add("tensors are on " + device_name(p.device) + "; this backend runs on cpu");
+  return false;
+}
+
+bool check_flash_cpu_dtype(const AttentionParams& p, Reasons& r) {
+  if (p.dtype != DType::kFloat64) return true;
+  r.add("dtype float64 is not supported (FLASH computes in float32; MATH serves float64)");
+  return false;
+}
+
+bool check_flash_cpu_head_dim(const AttentionParams& p, Reasons& r) {
+  if (p.head_dim_qk <= kFlashCpuMaxHeadDim && p.head_dim_vo <= kFlashCpuMaxHeadDim) return true;
+  r.add("head_dim " + std::to_string(p.head_dim_qk) + "/" + std::to_string(p.head_dim_vo) +
+        " exceeds " + std::to_string(kFlashCpuMaxHeadDim));
+  return false;
+}
+
+bool check_flash_cpu_mask_grad(const AttentionParams& p, Reasons& r) {
+  if (!(p.backward && p.attn_mask_requires_grad)) return true;
+  r.add("attn_mask requires grad: only MATH computes grad_attn_mask (as PyTorch)");
+  return false;
+}
+
+constexpr NamedCheck kMathChecks[] = {{"cpu_device", check_cpu_device}};
+constexpr NamedCheck kFlashChecks[] = {{"cpu_device", check_cpu_device},
+                                       {"dtype", check_flash_cpu_dtype},
+                                       {"head_dim", check_flash_cpu_head_dim},
+                                       {"mask_grad", check_flash_cpu_mask_grad}};
+
+}  // namespace
+
+// MATH is the reference: it sees every bias as its dense materialize().
+const BackendImpl kMathBackend{SDPBackend::MATH, kMathChecks, &cpu::math_forward,
+                               &cpu::math_backward, false};
+const BackendImpl kFlashCpuBackend{SDPBackend::FLASH_ATTENTION, kFlashChecks,
+                                   &cpu::flash_forward, &cpu::flash_backward, true};
+
+}  // namespace sdpa::detail
