@@ -26,8 +26,8 @@ namespace {
 
 struct BenchOptions {
   int64_t batch = 1;
-  int64_t heads = 8;
-  std::optional<int64_t> kv_heads;  // default: heads
+  int64_t heads_q = 8;
+  std::optional<int64_t> heads_kv;  // default: heads_q
   std::vector<int64_t> seq_lens = {128, 256, 512, 1024, 2048, 4096};
   int64_t head_dim = 64;
   std::string dtype = "float32";
@@ -61,10 +61,10 @@ struct BenchCase {
 
 std::vector<BenchCase> sweep(const BenchOptions& o) {
   const DType dtype = parse_dtype(o.dtype);
-  const int64_t kv_heads = o.kv_heads.value_or(o.heads);
-  if (o.heads % kv_heads != 0) {
-    throw UsageError("--heads " + std::to_string(o.heads) + " must be a multiple of --kv-heads " +
-                     std::to_string(kv_heads));
+  const int64_t heads_kv = o.heads_kv.value_or(o.heads_q);
+  if (o.heads_q % heads_kv != 0) {
+    throw UsageError("--heads-q " + std::to_string(o.heads_q) +
+                     " must be a multiple of --heads-kv " + std::to_string(heads_kv));
   }
   std::vector<bool> causal_modes;
   if (o.causal != "on") causal_modes.push_back(false);
@@ -72,7 +72,7 @@ std::vector<BenchCase> sweep(const BenchOptions& o) {
   std::vector<BenchCase> cases;
   for (const int64_t seq_len : o.seq_lens) {
     for (const bool causal : causal_modes) {
-      cases.push_back({o.batch, o.heads, kv_heads, seq_len, o.head_dim, dtype, causal});
+      cases.push_back({o.batch, o.heads_q, heads_kv, seq_len, o.head_dim, dtype, causal});
     }
   }
   return cases;
@@ -294,10 +294,12 @@ Command add_bench_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand(
       "bench", "Time backends over a sweep of shapes (progress on stderr, results on stdout)");
   auto o = std::make_shared<BenchOptions>();
-  const auto positive = CLI::PositiveNumber;
-  app->add_option("--batch", o->batch, "Batch size B")->check(positive)->capture_default_str();
-  app->add_option("--heads", o->heads, "Query heads Hq")->check(positive)->capture_default_str();
-  app->add_option("--kv-heads", o->kv_heads, "Key/value heads Hkv (default: Hq; GQA when fewer)")
+  const CLI::Validator positive = integer_in<int64_t>(1);
+  app->add_option("-b,--batch", o->batch, "Batch size B")->check(positive)->capture_default_str();
+  app->add_option("--heads-q", o->heads_q, "Query heads Hq")
+      ->check(positive)
+      ->capture_default_str();
+  app->add_option("--heads-kv", o->heads_kv, "Key/value heads Hkv (default: Hq; GQA when fewer)")
       ->check(positive);
   app->add_option("--seq-lens", o->seq_lens, "Comma-separated sequence lengths (L = S)")
       ->delimiter(',')
@@ -306,9 +308,7 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--head-dim", o->head_dim, "Head dim E = Ev")
       ->check(positive)
       ->capture_default_str();
-  app->add_option("--dtype", o->dtype, "Element type")
-      ->check(CLI::IsMember({"float32", "bfloat16", "float16", "float64"}))
-      ->capture_default_str();
+  add_dtype_option(*app, o->dtype);
   app->add_option("--causal", o->causal, "Causal cases: both, on or off")
       ->check(CLI::IsMember({"both", "on", "off"}))
       ->capture_default_str();
@@ -321,16 +321,18 @@ Command add_bench_command(CLI::App& parent) {
   app->add_flag("--peak-only", o->peak_only,
                 "Only measure and print the peaks (as key: value lines)");
   app->add_option("--repeats", o->repeats, "Timed calls per row")
-      ->check(positive)
+      ->check(integer_in(1))
       ->capture_default_str();
   app->add_option("--warmup", o->warmup, "Untimed calls first (the first also measures memory)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(integer_in(0))
       ->capture_default_str();
   app->add_option("--max-math-bytes", o->max_math_bytes,
                   "Skip MATH when its B*Hq*L*S float32 score buffer exceeds this (e.g. 2GiB)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
-  app->add_option("--seed", o->seed, "Seed of the random inputs")->capture_default_str();
+  app->add_option("--seed", o->seed, "Seed of the random inputs")
+      ->check(integer_in<uint32_t>(0))
+      ->capture_default_str();
   CLI::Option* json = app->add_flag("--json", o->json, "Write JSON instead of a table");
   CLI::Option* csv = app->add_flag("--csv", o->csv, "Write CSV instead of a table");
   json->excludes(csv);
