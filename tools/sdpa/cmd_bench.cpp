@@ -191,19 +191,18 @@ Report make_report(const BenchOptions& o, const std::optional<MachinePeak>& peak
   Report r;
   r.context = {{"sdpa", version()},
                {"cpu_capability", backends::cpu::get_cpu_capability()},
-               {"omp_threads", std::to_string(omp_get_max_threads())},
-               {"repeats", std::to_string(o.repeats)},
-               {"warmup", std::to_string(o.warmup)},
+               {"omp_threads", int64_t{omp_get_max_threads()}},
+               {"repeats", int64_t{o.repeats}},
+               {"warmup", int64_t{o.warmup}},
                {"variant", variant_name(o)}};
   if (peak) {
-    r.context.push_back({"peak_fp32_gflops", std::to_string(peak->fp32_gflops) + " (" +
-                                                 peak->fp32_isa + " FMA, " +
-                                                 std::to_string(peak->threads) + " threads)"});
-    r.context.push_back(
-        {"peak_bf16_gflops", peak->bf16_gflops ? std::to_string(*peak->bf16_gflops) + " (vdpbf16ps)"
-                                               : "n/a (no avx512_bf16)"});
-    r.context.push_back(
-        {"peak_copy_gbps", std::to_string(peak->copy_gbps) + " (read + write bytes)"});
+    // FMA throughput of the best vector ISA, vdpbf16ps (only on CPUs with avx512_bf16)
+    // and memcpy bandwidth counting bytes read plus written.
+    r.context.push_back({"peak_threads", int64_t{peak->threads}});
+    r.context.push_back({"peak_fp32_isa", peak->fp32_isa});
+    r.context.push_back({"peak_fp32_gflops", peak->fp32_gflops});
+    if (peak->bf16_gflops) r.context.push_back({"peak_bf16_gflops", *peak->bf16_gflops});
+    r.context.push_back({"peak_copy_gbps", peak->copy_gbps});
   }
   r.columns = {{"batch"},     {"heads_q"},         {"heads_kv"},     {"q_len"},
                {"kv_len"},    {"head_dim"},        {"dtype"},        {"causal"},
@@ -229,7 +228,7 @@ int run_bench(const BenchOptions& o) {
   }
   Report report = make_report(o, peak);
   if (o.peak_only) {
-    for (const auto& [key, value] : report.context) std::cout << key << ": " << value << '\n';
+    write_context(report, "", std::cout);
     return kExitOk;
   }
   const std::vector<BenchCase> cases = sweep(o);
@@ -319,7 +318,8 @@ Command add_bench_command(CLI::App& parent) {
   app->add_flag("--peak", o->peak,
                 "Measure fp32 FMA, bf16 dot and copy bandwidth peaks first; add pct_of_peak");
   app->add_flag("--peak-only", o->peak_only,
-                "Only measure and print the peaks (as key: value lines)");
+                "Only measure and print the peaks (as key: value lines; peak_bf16_gflops only "
+                "on CPUs with avx512_bf16)");
   app->add_option("--repeats", o->repeats, "Timed calls per row")
       ->check(integer_in(1))
       ->capture_default_str();

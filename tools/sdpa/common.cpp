@@ -134,6 +134,11 @@ CLI::Option* add_dtype_option(CLI::App& app, std::string& name) {
       ->capture_default_str();
 }
 
+AttentionParams probe_params() {
+  const Tensor probe = Tensor::empty({1, 1, 1, 8}, DType::kFloat32);
+  return make_params(probe, probe, probe);
+}
+
 CLI::Validator backend_validator() {
   return CLI::Validator(
       [](std::string& name) -> std::string {

@@ -63,6 +63,10 @@ CLI::Validator number_in(double min, double max);
 /// dtype_name(). The stored default is shown in the help.
 CLI::Option* add_dtype_option(CLI::App& app, std::string& name);
 
+/// A minimal float32 CPU call ([1, 1, 1, 8]), the probe of `sdpa info`. A backend that
+/// cannot take it cannot run CPU tensors at all (not built, or for another device).
+AttentionParams probe_params();
+
 /// Standard-normal tensor (std::mt19937 seeded with `seed`), converted to `dtype`. Never
 /// zeros: zeros hide masking and softmax bugs.
 Tensor randn(const Shape& shape, DType dtype, uint32_t seed);
