@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common.h"
 #include "peak.h"
@@ -181,6 +182,18 @@ std::optional<std::string> skip_reason(SDPBackend backend, const Workload& w, co
   return "no verdict from explain()";
 }
 
+// Why `backend` can run no case of the sweep, or nullopt when it can run some. Every
+// case is a CPU call, so a backend that rejects even the minimal float32 CPU probe (not
+// built, or for another device) never runs here; the flags aside, as --backends chooses.
+std::optional<std::string> never_runs_reason(SDPBackend backend) {
+  const sdpa_kernel only(backend);
+  Reasons reasons;
+  if (can_use(backend, probe_params(), &reasons)) return std::nullopt;
+  std::string text;
+  for (const std::string& r : reasons.items) text += (text.empty() ? "" : "; ") + r;
+  return text;
+}
+
 std::string variant_name(const BenchOptions& o) {
   if (!o.variant.bias.empty()) return "bias:" + o.variant.bias;
   if (!o.variant.flex.empty()) return "flex:" + o.variant.flex;
@@ -234,9 +247,14 @@ int run_bench(const BenchOptions& o) {
   const std::vector<BenchCase> cases = sweep(o);
   const std::vector<SDPBackend> backends =
       o.backends.empty() ? default_priority_order() : parse_backends(o.backends);
-  report.num_cases = cases.size();
+  // Backends that never run here are listed under "skipped" only: a progress line per
+  // case for a backend this build or machine cannot run would bury the measured ones.
+  std::vector<std::optional<std::string>> never_runs;
+  for (const SDPBackend backend : backends) never_runs.push_back(never_runs_reason(backend));
+  const auto runnable = std::count(never_runs.begin(), never_runs.end(), std::nullopt);
+  report.num_cases = cases.size() * (o.backward ? 2 : 1);  // one per (case, pass)
   size_t step = 0;
-  const size_t steps = cases.size() * backends.size() * (o.backward ? 2 : 1);
+  const size_t steps = report.num_cases * static_cast<size_t>(runnable);
   for (const BenchCase& c : cases) {
     std::vector<Workload> workloads;
     try {
@@ -247,8 +265,13 @@ int run_bench(const BenchOptions& o) {
     for (const Workload& w : workloads) {
       const Explanation e = explain(w.params);
       const std::string what = c.describe() + " " + w.pass;
-      for (const SDPBackend backend : backends) {
+      for (size_t i = 0; i < backends.size(); ++i) {
+        const SDPBackend backend = backends[i];
         const std::string name(backend_name(backend));
+        if (never_runs[i]) {
+          report.skipped.push_back({what, name, *never_runs[i]});
+          continue;
+        }
         std::cerr << "[" << ++step << "/" << steps << "] " << what << " " << name << ": ";
         if (const auto reason = skip_reason(backend, w, e, o)) {
           std::cerr << "skipped (" << *reason << ")\n";
