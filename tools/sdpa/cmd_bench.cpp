@@ -352,6 +352,7 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--max-math-bytes", o->max_math_bytes,
                   "Skip MATH when its B*Hq*L*S float32 score buffer exceeds this (e.g. 2GiB)")
       ->transform(CLI::AsSizeValue(false))
+      ->transform(byte_count())  // a check, added as a transform so that it runs first
       ->capture_default_str();
   app->add_option("--seed", o->seed, "Seed of the random inputs")
       ->check(integer_in<uint32_t>(0))

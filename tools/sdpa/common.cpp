@@ -71,8 +71,8 @@ CLI::Validator integer_in(T min, T max) {
         const bool whole = ec != std::errc::invalid_argument && end == text.data() + text.size();
         if (whole && ec == std::errc() && value >= min && value <= max) return {};
         // Too large (for the flag or its type) names both bounds; anything else the lower.
-        const bool too_large = whole && (ec == std::errc::result_out_of_range || value > max) &&
-                               text.front() != '-';
+        const bool too_large =
+            whole && (ec == std::errc::result_out_of_range || value > max) && text.front() != '-';
         return "expected " + (too_large || !unbounded ? from_to : at_least) + ", got '" + text +
                "'";
       },
@@ -108,6 +108,18 @@ CLI::Validator number_in(double min, double max) {
                    });
 }
 
+CLI::Validator byte_count() {
+  // No description of its own: AsSizeValue's already describes the flag in the help.
+  return expecting("", "a byte count from 0 to 2^64 - 1, optionally with a unit (512KiB, 2GiB)",
+                   [](const std::string& text) {
+                     // The leading count: from_chars rejects a sign and reports overflow;
+                     // AsSizeValue reads the unit after it.
+                     uint64_t count = 0;
+                     return std::from_chars(text.data(), text.data() + text.size(), count).ec ==
+                            std::errc();
+                   });
+}
+
 CLI::Option* add_dtype_option(CLI::App& app, std::string& name) {
   std::vector<std::string> floating;
   for (const DType d : {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16}) {
@@ -115,8 +127,7 @@ CLI::Option* add_dtype_option(CLI::App& app, std::string& name) {
   }
   // The aliases are parse_dtype's; these are examples for the help, not a second table.
   const std::string names = join(floating) + " or a short name such as fp32, bf16, fp16";
-  return app
-      .add_option("--dtype", name, "Element type: " + names)
+  return app.add_option("--dtype", name, "Element type: " + names)
       ->check(CLI::Validator(
           [names](std::string& text) -> std::string {
             try {

@@ -57,6 +57,9 @@ CLI::Validator integer_in(T min, T max = std::numeric_limits<T>::max());
 CLI::Validator number_at_least(double min);
 CLI::Validator number_above(double min);
 CLI::Validator number_in(double min, double max);
+/// Validator to run before CLI::AsSizeValue (which saturates too large a count without a
+/// word): "expected a byte count from 0 to 2^64 - 1, ...".
+CLI::Validator byte_count();
 
 /// Adds `--dtype NAME` to `app`, storing into `name`: a floating dtype under any name
 /// sdpa::parse_dtype accepts (float32, fp32, bf16, half, ...), rewritten to its
