@@ -2,7 +2,7 @@
 # Installs the build and test dependencies from Debian's packages (idempotent).
 set -euo pipefail
 packages=(cmake ninja-build g++ libhwy-dev libdlpack-dev libcli11-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev libbenchmark-dev libomp-dev python3 python3-venv)
+          libgtest-dev libgmock-dev python3 python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

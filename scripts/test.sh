@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 cmake --preset release
 cmake --build --preset release
-ctest --preset release
+# One test per core: the presets leave CTest's parallelism to the caller.
+ctest --preset release --parallel "$(nproc)"
 if [ -f python/tests/run.sh ]; then
   bash python/tests/run.sh
 fi

@@ -74,7 +74,9 @@ bool overrideable_sdp_enabled();
 namespace cpu {
 /// SIMD level the CPU kernels use: "AVX512", "AVX2" or "DEFAULT" (PyTorch's
 /// torch.backends.cpu.get_cpu_capability). The environment variable SDPA_CPU_CAPABILITY
-/// can lower it; set_cpu_capability overrides both (for tests and benchmarks).
+/// can lower it (a level above the CPU's gives the CPU's best; a value other than AVX512,
+/// AVX2 or DEFAULT is an error: this function and the CPU kernels throw sdpa::Error);
+/// set_cpu_capability overrides both (for tests and benchmarks).
 std::string get_cpu_capability();
 /// Best capability this CPU supports, ignoring overrides.
 std::string detected_cpu_capability();

@@ -2,6 +2,7 @@
 
 #include "cpu/bf16_dot.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -22,14 +23,19 @@ std::optional<Capability> parse(std::string_view name) {
   return std::nullopt;
 }
 
+// Throws sdpa::Error for an unknown value: ignoring a typo would silently run a level the
+// user did not ask for. Thrown from active_capability's static initializer, the error
+// repeats on every call (the initializer runs again).
 Capability from_environment() {
   const Capability best = detected_capability();
   const char* env = std::getenv("SDPA_CPU_CAPABILITY");
   if (env == nullptr || *env == '\0') return best;
   const std::optional<Capability> wanted = parse(env);
-  // Like PyTorch's ATEN_CPU_CAPABILITY: an unknown or unattainable value is ignored.
-  if (!wanted || *wanted > best) return best;
-  return *wanted;
+  SDPA_CHECK(wanted.has_value(),
+             "SDPA_CPU_CAPABILITY: expected AVX512, AVX2, DEFAULT or unset, got '", env, "'");
+  // Like PyTorch's ATEN_CPU_CAPABILITY, a level above the CPU's gives the CPU's best, so
+  // one setting serves machines of different kinds.
+  return std::min(*wanted, best);
 }
 
 }  // namespace

@@ -12,7 +12,8 @@ std::string_view capability_name(Capability c);
 /// Best level this CPU runs (Highway's runtime detection).
 Capability detected_capability();
 /// Level for the calling thread: set_cpu_capability override, else SDPA_CPU_CAPABILITY
-/// (which can only lower the detected level), else detected.
+/// (which can only lower the detected level), else detected. Throws sdpa::Error when
+/// SDPA_CPU_CAPABILITY holds an unknown value.
 Capability active_capability();
 
 }  // namespace sdpa::cpu

@@ -17,6 +17,7 @@
 namespace sdpa::test {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 namespace bcpu = sdpa::backends::cpu;
@@ -28,18 +29,46 @@ TEST(Capability, ReportsOneOfTheKnownLevels) {
             capability_rank(bcpu::detected_cpu_capability()));
 }
 
-// Run once plainly and once by ctest with SDPA_CPU_CAPABILITY set (tests/CMakeLists.txt):
-// the variable lowers the level and is ignored when unknown or above the CPU's.
+bool is_known_level(const std::string& level) {
+  return level == "AVX512" || level == "AVX2" || level == "DEFAULT";
+}
+
+// Run once plainly and once by ctest per known SDPA_CPU_CAPABILITY value
+// (tests/CMakeLists.txt): the variable lowers the level; one above the CPU's gives the
+// CPU's best.
 TEST(Capability, EnvironmentVariableLowersTheLevel) {
   const char* env = std::getenv("SDPA_CPU_CAPABILITY");
+  const std::string want = env != nullptr ? env : "";
+  if (!want.empty() && !is_known_level(want)) GTEST_SKIP() << "unknown value: the next test";
   const std::string detected = bcpu::detected_cpu_capability();
   std::string expected = detected;
-  if (env != nullptr) {
-    const std::string want = env;
-    const bool known = want == "AVX512" || want == "AVX2" || want == "DEFAULT";
-    if (known && capability_rank(want) <= capability_rank(detected)) expected = want;
+  if (!want.empty() && capability_rank(want) <= capability_rank(detected)) expected = want;
+  EXPECT_EQ(bcpu::get_cpu_capability(), expected) << "SDPA_CPU_CAPABILITY=" << want;
+}
+
+// Run by ctest with an unknown SDPA_CPU_CAPABILITY value: the capability query and a
+// FLASH call fail with an error naming the variable, the value and the accepted ones.
+TEST(Capability, UnknownEnvironmentValueIsAnError) {
+  const char* env = std::getenv("SDPA_CPU_CAPABILITY");
+  if (env == nullptr || *env == '\0' || is_known_level(env))
+    GTEST_SKIP() << "needs an unknown value";
+  const auto message =
+      AllOf(HasSubstr("SDPA_CPU_CAPABILITY"), HasSubstr(std::string("'") + env + "'"),
+            HasSubstr("AVX512, AVX2, DEFAULT"));
+  try {
+    bcpu::get_cpu_capability();
+    ADD_FAILURE() << "get_cpu_capability() did not throw";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), message);
   }
-  EXPECT_EQ(bcpu::get_cpu_capability(), expected) << "SDPA_CPU_CAPABILITY=" << (env ? env : "");
+  const Tensor q = Tensor::zeros({1, 1, 4, 8}, DType::kFloat32);
+  const sdpa_kernel flash_only(SDPBackend::FLASH_ATTENTION);
+  try {
+    scaled_dot_product_attention(q, q, q);
+    ADD_FAILURE() << "a FLASH call did not throw";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), message);
+  }
 }
 
 TEST(Capability, SetForcesEverySupportedLevelAndEmptyRestores) {

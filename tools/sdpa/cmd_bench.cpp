@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common.h"
 #include "peak.h"
@@ -26,8 +27,8 @@ namespace {
 
 struct BenchOptions {
   int64_t batch = 1;
-  int64_t heads = 8;
-  std::optional<int64_t> kv_heads;  // default: heads
+  int64_t heads_q = 8;
+  std::optional<int64_t> heads_kv;  // default: heads_q
   std::vector<int64_t> seq_lens = {128, 256, 512, 1024, 2048, 4096};
   int64_t head_dim = 64;
   std::string dtype = "float32";
@@ -61,10 +62,10 @@ struct BenchCase {
 
 std::vector<BenchCase> sweep(const BenchOptions& o) {
   const DType dtype = parse_dtype(o.dtype);
-  const int64_t kv_heads = o.kv_heads.value_or(o.heads);
-  if (o.heads % kv_heads != 0) {
-    throw UsageError("--heads " + std::to_string(o.heads) + " must be a multiple of --kv-heads " +
-                     std::to_string(kv_heads));
+  const int64_t heads_kv = o.heads_kv.value_or(o.heads_q);
+  if (o.heads_q % heads_kv != 0) {
+    throw UsageError("--heads-q " + std::to_string(o.heads_q) +
+                     " must be a multiple of --heads-kv " + std::to_string(heads_kv));
   }
   std::vector<bool> causal_modes;
   if (o.causal != "on") causal_modes.push_back(false);
@@ -72,7 +73,7 @@ std::vector<BenchCase> sweep(const BenchOptions& o) {
   std::vector<BenchCase> cases;
   for (const int64_t seq_len : o.seq_lens) {
     for (const bool causal : causal_modes) {
-      cases.push_back({o.batch, o.heads, kv_heads, seq_len, o.head_dim, dtype, causal});
+      cases.push_back({o.batch, o.heads_q, heads_kv, seq_len, o.head_dim, dtype, causal});
     }
   }
   return cases;
@@ -181,6 +182,18 @@ std::optional<std::string> skip_reason(SDPBackend backend, const Workload& w, co
   return "no verdict from explain()";
 }
 
+// Why `backend` can run no case of the sweep, or nullopt when it can run some. Every
+// case is a CPU call, so a backend that rejects even the minimal float32 CPU probe (not
+// built, or for another device) never runs here; the flags aside, as --backends chooses.
+std::optional<std::string> never_runs_reason(SDPBackend backend) {
+  const sdpa_kernel only(backend);
+  Reasons reasons;
+  if (can_use(backend, probe_params(), &reasons)) return std::nullopt;
+  std::string text;
+  for (const std::string& r : reasons.items) text += (text.empty() ? "" : "; ") + r;
+  return text;
+}
+
 std::string variant_name(const BenchOptions& o) {
   if (!o.variant.bias.empty()) return "bias:" + o.variant.bias;
   if (!o.variant.flex.empty()) return "flex:" + o.variant.flex;
@@ -191,19 +204,18 @@ Report make_report(const BenchOptions& o, const std::optional<MachinePeak>& peak
   Report r;
   r.context = {{"sdpa", version()},
                {"cpu_capability", backends::cpu::get_cpu_capability()},
-               {"omp_threads", std::to_string(omp_get_max_threads())},
-               {"repeats", std::to_string(o.repeats)},
-               {"warmup", std::to_string(o.warmup)},
+               {"omp_threads", int64_t{omp_get_max_threads()}},
+               {"repeats", int64_t{o.repeats}},
+               {"warmup", int64_t{o.warmup}},
                {"variant", variant_name(o)}};
   if (peak) {
-    r.context.push_back({"peak_fp32_gflops", std::to_string(peak->fp32_gflops) + " (" +
-                                                 peak->fp32_isa + " FMA, " +
-                                                 std::to_string(peak->threads) + " threads)"});
-    r.context.push_back(
-        {"peak_bf16_gflops", peak->bf16_gflops ? std::to_string(*peak->bf16_gflops) + " (vdpbf16ps)"
-                                               : "n/a (no avx512_bf16)"});
-    r.context.push_back(
-        {"peak_copy_gbps", std::to_string(peak->copy_gbps) + " (read + write bytes)"});
+    // FMA throughput of the best vector ISA, vdpbf16ps (only on CPUs with avx512_bf16)
+    // and memcpy bandwidth counting bytes read plus written.
+    r.context.push_back({"peak_threads", int64_t{peak->threads}});
+    r.context.push_back({"peak_fp32_isa", peak->fp32_isa});
+    r.context.push_back({"peak_fp32_gflops", peak->fp32_gflops});
+    if (peak->bf16_gflops) r.context.push_back({"peak_bf16_gflops", *peak->bf16_gflops});
+    r.context.push_back({"peak_copy_gbps", peak->copy_gbps});
   }
   r.columns = {{"batch"},     {"heads_q"},         {"heads_kv"},     {"q_len"},
                {"kv_len"},    {"head_dim"},        {"dtype"},        {"causal"},
@@ -229,15 +241,20 @@ int run_bench(const BenchOptions& o) {
   }
   Report report = make_report(o, peak);
   if (o.peak_only) {
-    for (const auto& [key, value] : report.context) std::cout << key << ": " << value << '\n';
+    write_context(report, "", std::cout);
     return kExitOk;
   }
   const std::vector<BenchCase> cases = sweep(o);
   const std::vector<SDPBackend> backends =
       o.backends.empty() ? default_priority_order() : parse_backends(o.backends);
-  report.num_cases = cases.size();
+  // Backends that never run here are listed under "skipped" only: a progress line per
+  // case for a backend this build or machine cannot run would bury the measured ones.
+  std::vector<std::optional<std::string>> never_runs;
+  for (const SDPBackend backend : backends) never_runs.push_back(never_runs_reason(backend));
+  const auto runnable = std::count(never_runs.begin(), never_runs.end(), std::nullopt);
+  report.num_cases = cases.size() * (o.backward ? 2 : 1);  // one per (case, pass)
   size_t step = 0;
-  const size_t steps = cases.size() * backends.size() * (o.backward ? 2 : 1);
+  const size_t steps = report.num_cases * static_cast<size_t>(runnable);
   for (const BenchCase& c : cases) {
     std::vector<Workload> workloads;
     try {
@@ -248,8 +265,13 @@ int run_bench(const BenchOptions& o) {
     for (const Workload& w : workloads) {
       const Explanation e = explain(w.params);
       const std::string what = c.describe() + " " + w.pass;
-      for (const SDPBackend backend : backends) {
+      for (size_t i = 0; i < backends.size(); ++i) {
+        const SDPBackend backend = backends[i];
         const std::string name(backend_name(backend));
+        if (never_runs[i]) {
+          report.skipped.push_back({what, name, *never_runs[i]});
+          continue;
+        }
         std::cerr << "[" << ++step << "/" << steps << "] " << what << " " << name << ": ";
         if (const auto reason = skip_reason(backend, w, e, o)) {
           std::cerr << "skipped (" << *reason << ")\n";
@@ -294,10 +316,12 @@ Command add_bench_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand(
       "bench", "Time backends over a sweep of shapes (progress on stderr, results on stdout)");
   auto o = std::make_shared<BenchOptions>();
-  const auto positive = CLI::PositiveNumber;
-  app->add_option("--batch", o->batch, "Batch size B")->check(positive)->capture_default_str();
-  app->add_option("--heads", o->heads, "Query heads Hq")->check(positive)->capture_default_str();
-  app->add_option("--kv-heads", o->kv_heads, "Key/value heads Hkv (default: Hq; GQA when fewer)")
+  const CLI::Validator positive = integer_in<int64_t>(1);
+  app->add_option("-b,--batch", o->batch, "Batch size B")->check(positive)->capture_default_str();
+  app->add_option("--heads-q", o->heads_q, "Query heads Hq")
+      ->check(positive)
+      ->capture_default_str();
+  app->add_option("--heads-kv", o->heads_kv, "Key/value heads Hkv (default: Hq; GQA when fewer)")
       ->check(positive);
   app->add_option("--seq-lens", o->seq_lens, "Comma-separated sequence lengths (L = S)")
       ->delimiter(',')
@@ -306,9 +330,7 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--head-dim", o->head_dim, "Head dim E = Ev")
       ->check(positive)
       ->capture_default_str();
-  app->add_option("--dtype", o->dtype, "Element type")
-      ->check(CLI::IsMember({"float32", "bfloat16", "float16", "float64"}))
-      ->capture_default_str();
+  add_dtype_option(*app, o->dtype);
   app->add_option("--causal", o->causal, "Causal cases: both, on or off")
       ->check(CLI::IsMember({"both", "on", "off"}))
       ->capture_default_str();
@@ -319,18 +341,22 @@ Command add_bench_command(CLI::App& parent) {
   app->add_flag("--peak", o->peak,
                 "Measure fp32 FMA, bf16 dot and copy bandwidth peaks first; add pct_of_peak");
   app->add_flag("--peak-only", o->peak_only,
-                "Only measure and print the peaks (as key: value lines)");
+                "Only measure and print the peaks (as key: value lines; peak_bf16_gflops only "
+                "on CPUs with avx512_bf16)");
   app->add_option("--repeats", o->repeats, "Timed calls per row")
-      ->check(positive)
+      ->check(integer_in(1))
       ->capture_default_str();
   app->add_option("--warmup", o->warmup, "Untimed calls first (the first also measures memory)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(integer_in(0))
       ->capture_default_str();
   app->add_option("--max-math-bytes", o->max_math_bytes,
                   "Skip MATH when its B*Hq*L*S float32 score buffer exceeds this (e.g. 2GiB)")
       ->transform(CLI::AsSizeValue(false))
+      ->transform(byte_count())  // a check, added as a transform so that it runs first
       ->capture_default_str();
-  app->add_option("--seed", o->seed, "Seed of the random inputs")->capture_default_str();
+  app->add_option("--seed", o->seed, "Seed of the random inputs")
+      ->check(integer_in<uint32_t>(0))
+      ->capture_default_str();
   CLI::Option* json = app->add_flag("--json", o->json, "Write JSON instead of a table");
   CLI::Option* csv = app->add_flag("--csv", o->csv, "Write CSV instead of a table");
   json->excludes(csv);

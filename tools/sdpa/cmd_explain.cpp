@@ -101,7 +101,7 @@ Command add_explain_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand(
       "explain", "Show which backend would run a call and why the others would not");
   auto o = std::make_shared<ExplainOptions>();
-  const auto positive = CLI::PositiveNumber;
+  const CLI::Validator positive = integer_in<int64_t>(1);
   app->add_option("-b,--batch", o->batch, "Batch size B")->check(positive)->capture_default_str();
   app->add_option("--heads-q", o->heads_q, "Query heads Hq")
       ->check(positive)
@@ -113,15 +113,13 @@ Command add_explain_command(CLI::App& parent) {
       ->check(positive)
       ->capture_default_str();
   app->add_option("--head-dim-v", o->head_dim_v, "Value head dim Ev (default: E)")->check(positive);
-  app->add_option("--dtype", o->dtype, "Element type")
-      ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}))
-      ->capture_default_str();
+  add_dtype_option(*app, o->dtype);
   app->add_option("--mask", o->mask, "attn_mask: none, bool or float, shaped [B, 1, L, S]")
       ->check(CLI::IsMember({"none", "bool", "float"}))
       ->capture_default_str();
   app->add_flag("--causal", o->causal, "is_causal=True");
   app->add_option("--dropout", o->dropout, "dropout_p")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(number_in(0.0, 1.0))
       ->capture_default_str();
   app->add_flag("--gqa", o->gqa, "enable_gqa=True");
   app->add_option("--layout", o->layout, "Memory layout of q, k, v")

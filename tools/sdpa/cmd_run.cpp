@@ -218,10 +218,10 @@ Command add_run_command(CLI::App& parent) {
                   std::string(".safetensors file (default: data/") + kDefaultDataFile +
                       ", or under $SDPA_DATA_DIR)");
   app->add_option("--repeats", o->repeats, "Timed runs per call (median reported)")
-      ->check(CLI::PositiveNumber)
+      ->check(integer_in(1))
       ->capture_default_str();
   app->add_option("--tolerance", o->tolerance, "Largest acceptable max rel err")
-      ->check(CLI::NonNegativeNumber)
+      ->check(number_at_least(0.0))
       ->capture_default_str();
   add_backends_option(*app, o->backends);
   return {app, [o] { return run_run(*o); }};

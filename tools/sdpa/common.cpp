@@ -1,18 +1,154 @@
 #include "common.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <random>
+#include <sstream>
 
 #ifndef SDPA_SOURCE_DIR
 #error "SDPA_SOURCE_DIR must name the source tree (set in tools/CMakeLists.txt)"
 #endif
 
 namespace sdpa::cli {
+namespace {
+
+// A bound as text; a type's largest value as "2^31 - 1" rather than its ten or more digits.
+template <class T>
+std::string bound_text(T value) {
+  if (value == std::numeric_limits<T>::max()) {
+    return "2^" + std::to_string(std::numeric_limits<T>::digits) + " - 1";
+  }
+  return std::to_string(value);
+}
+
+// Shortest text of a real bound: "0", "0.5", "1e-05".
+std::string number_text(double value) {
+  std::ostringstream os;
+  os << value;
+  return os.str();
+}
+
+// A validator that accepts what `ok` accepts and otherwise says "expected <what>, got '...'".
+CLI::Validator expecting(std::string description, std::string what,
+                         std::function<bool(const std::string&)> ok) {
+  return CLI::Validator(
+      [what = std::move(what), ok = std::move(ok)](std::string& text) -> std::string {
+        return ok(text) ? std::string() : "expected " + what + ", got '" + text + "'";
+      },
+      std::move(description));
+}
+
+// The finite number `text` spells exactly, else nullopt.
+std::optional<double> parse_number(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE ||
+      !std::isfinite(value)) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+}  // namespace
+
+template <class T>
+CLI::Validator integer_in(T min, T max) {
+  const bool unbounded = max == std::numeric_limits<T>::max();
+  const std::string at_least = "an integer >= " + bound_text(min);
+  const std::string from_to = "an integer from " + bound_text(min) + " to " + bound_text(max);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        T value{};
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        const bool whole = ec != std::errc::invalid_argument && end == text.data() + text.size();
+        if (whole && ec == std::errc() && value >= min && value <= max) return {};
+        // Too large (for the flag or its type) names both bounds; anything else the lower.
+        const bool too_large =
+            whole && (ec == std::errc::result_out_of_range || value > max) && text.front() != '-';
+        return "expected " + (too_large || !unbounded ? from_to : at_least) + ", got '" + text +
+               "'";
+      },
+      unbounded ? "INT>=" + bound_text(min)
+                : "INT in [" + bound_text(min) + ", " + bound_text(max) + "]");
+}
+template CLI::Validator integer_in<int>(int, int);
+template CLI::Validator integer_in<int64_t>(int64_t, int64_t);
+template CLI::Validator integer_in<uint32_t>(uint32_t, uint32_t);
+
+CLI::Validator number_at_least(double min) {
+  return expecting("NUM>=" + number_text(min), "a number >= " + number_text(min),
+                   [min](const std::string& text) {
+                     const auto value = parse_number(text);
+                     return value && *value >= min;
+                   });
+}
+
+CLI::Validator number_above(double min) {
+  return expecting("NUM>" + number_text(min), "a number > " + number_text(min),
+                   [min](const std::string& text) {
+                     const auto value = parse_number(text);
+                     return value && *value > min;
+                   });
+}
+
+CLI::Validator number_in(double min, double max) {
+  const std::string range = number_text(min) + " to " + number_text(max);
+  return expecting("NUM in [" + number_text(min) + ", " + number_text(max) + "]",
+                   "a number from " + range, [min, max](const std::string& text) {
+                     const auto value = parse_number(text);
+                     return value && *value >= min && *value <= max;
+                   });
+}
+
+CLI::Validator byte_count() {
+  // No description of its own: AsSizeValue's already describes the flag in the help.
+  return expecting("", "a byte count from 0 to 2^64 - 1, optionally with a unit (512KiB, 2GiB)",
+                   [](const std::string& text) {
+                     // The leading count: from_chars rejects a sign and reports overflow;
+                     // AsSizeValue reads the unit after it.
+                     uint64_t count = 0;
+                     return std::from_chars(text.data(), text.data() + text.size(), count).ec ==
+                            std::errc();
+                   });
+}
+
+CLI::Option* add_dtype_option(CLI::App& app, std::string& name) {
+  std::vector<std::string> floating;
+  for (const DType d : {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16}) {
+    floating.emplace_back(dtype_name(d));
+  }
+  // The aliases are parse_dtype's; these are examples for the help, not a second table.
+  const std::string names = join(floating) + " or a short name such as fp32, bf16, fp16";
+  return app.add_option("--dtype", name, "Element type: " + names)
+      ->check(CLI::Validator(
+          [names](std::string& text) -> std::string {
+            try {
+              const DType dtype = parse_dtype(text);
+              if (is_floating(dtype)) {
+                text = std::string(dtype_name(dtype));
+                return {};
+              }
+            } catch (const Error&) {
+              // Unknown name: the message below lists what is accepted.
+            }
+            return "expected a floating dtype (" + names + "), got '" + text + "'";
+          },
+          "DTYPE"))
+      ->capture_default_str();
+}
+
+AttentionParams probe_params() {
+  const Tensor probe = Tensor::empty({1, 1, 1, 8}, DType::kFloat32);
+  return make_params(probe, probe, probe);
+}
 
 CLI::Validator backend_validator() {
   return CLI::Validator(

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -46,6 +47,28 @@ CLI::Validator backend_validator();
 std::vector<SDPBackend> parse_backends(const std::vector<std::string>& names);
 /// Adds `--backends NAME,...` to `app`, storing into `names`.
 CLI::Option* add_backends_option(CLI::App& app, std::vector<std::string>& names);
+
+/// Validator of an integer flag stored as T, accepting [min, max]. Its message states
+/// the bound in words ("expected an integer >= 1, got '0'"; a type's largest value as
+/// "2^31 - 1"), where CLI11's Range would print the limits of a double.
+template <class T>
+CLI::Validator integer_in(T min, T max = std::numeric_limits<T>::max());
+/// Validators of a real-valued flag: "expected a number >= 0 / > 0 / from 0 to 1, got ...".
+CLI::Validator number_at_least(double min);
+CLI::Validator number_above(double min);
+CLI::Validator number_in(double min, double max);
+/// Validator to run before CLI::AsSizeValue (which saturates too large a count without a
+/// word): "expected a byte count from 0 to 2^64 - 1, ...".
+CLI::Validator byte_count();
+
+/// Adds `--dtype NAME` to `app`, storing into `name`: a floating dtype under any name
+/// sdpa::parse_dtype accepts (float32, fp32, bf16, half, ...), rewritten to its
+/// dtype_name(). The stored default is shown in the help.
+CLI::Option* add_dtype_option(CLI::App& app, std::string& name);
+
+/// A minimal float32 CPU call ([1, 1, 1, 8]), the probe of `sdpa info`. A backend that
+/// cannot take it cannot run CPU tensors at all (not built, or for another device).
+AttentionParams probe_params();
 
 /// Standard-normal tensor (std::mt19937 seeded with `seed`), converted to `dtype`. Never
 /// zeros: zeros hide masking and softmax bugs.

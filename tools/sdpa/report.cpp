@@ -58,7 +58,7 @@ void write_skipped(const std::vector<SkippedRow>& skipped, size_t num_cases, std
 }
 
 void write_table(const Report& r, std::ostream& os) {
-  for (const auto& [key, value] : r.context) os << "# " << key << ": " << value << '\n';
+  write_context(r, "# ", os);
   std::vector<std::vector<std::string>> text;
   std::vector<size_t> width;
   for (const Column& c : r.columns) width.push_back(c.name.size());
@@ -102,7 +102,9 @@ void write_csv(const Report& r, std::ostream& os) {
 void write_json(const Report& r, std::ostream& os) {
   nlohmann::ordered_json out;
   out["context"] = nlohmann::ordered_json::object();
-  for (const auto& [key, value] : r.context) out["context"][key] = value;
+  for (const auto& [key, value] : r.context) {
+    std::visit([&](const auto& v) { out["context"][key] = v; }, value);
+  }
   out["results"] = nlohmann::ordered_json::array();
   for (const auto& row : r.rows) {
     nlohmann::ordered_json item;
@@ -119,6 +121,12 @@ void write_json(const Report& r, std::ostream& os) {
 }
 
 }  // namespace
+
+void write_context(const Report& report, std::string_view prefix, std::ostream& os) {
+  for (const auto& [key, value] : report.context) {
+    os << prefix << key << ": " << cell_text(value, 1) << '\n';
+  }
+}
 
 void write_report(const Report& report, ReportFormat format, std::ostream& os) {
   switch (format) {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
-#include <utility>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -26,9 +26,14 @@ struct SkippedRow {
   std::string reason;
 };
 
+/// A key/value line describing the run (version, capability, threads, flags).
+struct ContextItem {
+  std::string key;
+  Cell value;
+};
+
 struct Report {
-  /// Key/value lines describing the run (version, capability, threads, flags).
-  std::vector<std::pair<std::string, std::string>> context;
+  std::vector<ContextItem> context;
   std::vector<Column> columns;
   std::vector<std::vector<Cell>> rows;  ///< each as long as `columns`
   std::vector<SkippedRow> skipped;
@@ -39,10 +44,14 @@ struct Report {
 
 enum class ReportFormat { kTable, kCsv, kJson };
 
+/// Writes the context as "<prefix>key: value" lines, doubles with one decimal.
+void write_context(const Report& report, std::string_view prefix, std::ostream& os);
+
 /// Writes `report`: kTable as "# key: value" lines, an aligned table and the skipped rows
 /// grouped by backend and reason (cases listed unless the reason holds for all of them);
 /// kCsv as a header line and one line per row (skipped rows omitted); kJson as
-/// {"context": {...}, "results": [{column: value, ...}], "skipped": [...]}.
+/// {"context": {...}, "results": [{column: value, ...}], "skipped": [...]}, every value a
+/// JSON number, boolean or string as its Cell holds.
 void write_report(const Report& report, ReportFormat format, std::ostream& os);
 
 }  // namespace sdpa::cli

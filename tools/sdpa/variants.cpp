@@ -51,19 +51,19 @@ void add_variant_options(CLI::App& app, VariantOptions& o) {
   app.add_option("--flex", o.flex, "A standard flex mod (" + join(flex_names()) + ")")
       ->check(CLI::IsMember(flex_names()));
   app.add_option("--window", o.window, "Sliding window width W (window, sliding-window)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(integer_in<int64_t>(0))
       ->capture_default_str();
   app.add_option("--doc-len", o.doc_len, "Packed document length (documents)")
-      ->check(CLI::PositiveNumber)
+      ->check(integer_in<int64_t>(1))
       ->capture_default_str();
   app.add_option("--prefix-len", o.prefix_len, "Visible prefix (prefix-lm)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(integer_in<int64_t>(0))
       ->capture_default_str();
   app.add_option("--soft-cap", o.soft_cap, "Soft-capping value (softcap)")
-      ->check(CLI::PositiveNumber)
+      ->check(number_above(0.0))
       ->capture_default_str();
   app.add_option("--block-size", o.block_size, "BlockMask block size (flex mask_mods)")
-      ->check(CLI::PositiveNumber)
+      ->check(integer_in<int64_t>(1))
       ->capture_default_str();
 }
 
