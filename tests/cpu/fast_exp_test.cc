@@ -83,6 +83,33 @@ void TestFastExp() {
   }
 }
 
+// Integer powers of two come out exact: both polynomials give exactly 1 at 0, so an
+// online-softmax rescale exp(m - m) is exactly 1 (accumulators untouched) and so is the
+// probability of a row's max.
+void TestIntegerPowersAreExact() {
+  std::vector<float> t;
+  for (int n = -125; n <= 127; ++n) t.push_back(static_cast<float>(n));
+  while (t.size() % 64 != 0) t.push_back(0.0f);
+  const std::vector<float> clamped = Map(t, [](auto d, auto v) { return Exp2Clamped(d, v); });
+  const std::vector<float> fast2 = Map(t, [](auto d, auto v) { return FastExp2(d, v); });
+  for (size_t i = 0; i < t.size(); ++i) {
+    const float want = std::exp2(t[i]);
+    ASSERT_EQ(clamped[i], want) << "t = " << t[i];
+    ASSERT_EQ(fast2[i], want) << "t = " << t[i];
+  }
+  const std::vector<float> zeros(64, 0.0f);
+  for (float y : Map(zeros, [](auto d, auto v) { return FastExp(d, v); })) ASSERT_EQ(y, 1.0f);
+  for (float y : Map(zeros, [](auto d, auto v) { return Exp2FractionBf16(d, v); })) {
+    ASSERT_EQ(y, 1.0f);
+  }
+#if HWY_TARGET == HWY_AVX3
+  const std::vector<float> bf16 = Map(zeros, [](auto d, auto v) {
+    return Exp2OrZero</*kForBf16=*/true>(d, __mmask16{0xFFFF}, v);
+  });
+  for (float y : bf16) ASSERT_EQ(y, 1.0f);
+#endif
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace sdpa::cpu
 HWY_AFTER_NAMESPACE();
@@ -93,5 +120,6 @@ HWY_BEFORE_TEST(FastExpTest);
 HWY_EXPORT_AND_TEST_P(FastExpTest, TestExp2Clamped);
 HWY_EXPORT_AND_TEST_P(FastExpTest, TestFastExp2);
 HWY_EXPORT_AND_TEST_P(FastExpTest, TestFastExp);
+HWY_EXPORT_AND_TEST_P(FastExpTest, TestIntegerPowersAreExact);
 }  // namespace sdpa::cpu
 #endif  // HWY_ONCE
