@@ -13,12 +13,9 @@
 #include "cpu/bf16_dot.h"
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
-#include "cpu/lazy_softmax-inl.h"
 #include "cpu/pack_bf16.h"
 #include "cpu/philox.h"
-#include "cpu/qk_softmax_bf16-inl.h"
-#include "cpu/qk_softmax_f32-inl.h"
-#include "cpu/softmax_bf16-inl.h"
+#include "cpu/target_kernels-inl.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -38,6 +35,8 @@ struct TileRows {
 
 // Scores of tile t (q.k^T, biases, score_mod, masks), then the online softmax: P goes to
 // ws.p_bf16 when p_in_bf16, else over ws.scores; alpha gets the accumulator factors.
+// Target: the target's traits (TargetKernels).
+template <class Target>
 void ScoresAndSoftmax(const AttentionParams& p, const DenseMaskRows& dense, FlashScratch& ws,
                       const PackedKv::Tile& t, int64_t b, int64_t h, const TileRows& tr,
                       bool needs_mask, bool p_in_bf16, float* alpha) {
@@ -45,8 +44,7 @@ void ScoresAndSoftmax(const AttentionParams& p, const DenseMaskRows& dense, Flas
   const bool alibi = !p.mask.alibi_slopes.empty();
   // Scores still to be multiplied by the scale: the softmax folds it into its exponent.
   float score_scale = 1.0f;
-  if (HWY_TARGET == HWY_AVX3 && ws.bf16_dot) {
-#if HWY_TARGET == HWY_AVX3
+  if (Target::kBf16Dot && ws.bf16_dot) {
     const int64_t e2 = ws.head_dim_qk_pairs2;
     const float scale = static_cast<float>(p.scale);
     Bf16Gemm(rows, kBlockKv, e2 / 2, ws.q_bf16, e2, t.k_pairs, ws.scores, kBlockKv, false);
@@ -55,7 +53,6 @@ void ScoresAndSoftmax(const AttentionParams& p, const DenseMaskRows& dense, Flas
     } else {
       score_scale = scale;
     }
-#endif
   } else if (tr.support) {
     GemmRowSupport(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, *tr.support);
   } else {
@@ -75,18 +72,21 @@ void ScoresAndSoftmax(const AttentionParams& p, const DenseMaskRows& dense, Flas
                    {tile_score_mod, tr.blocks_applied[r], alibi});
     }
   }
-  if (p_in_bf16) {
-#if HWY_TARGET == HWY_AVX3
-    SoftmaxTileToBf16(ws.scores, rows, score_scale, ws.row_max, ws.row_sum, alpha, ws.p_bf16);
-#endif
-  } else {
-    SoftmaxTile(ws.scores, rows, tr.support, score_scale, ws.row_max, ws.row_sum, alpha);
+  if constexpr (Target::kBf16Dot) {
+    if (p_in_bf16) {
+      Target::SoftmaxToBf16(ws.scores, rows, score_scale, ws.row_max, ws.row_sum, alpha, ws.p_bf16);
+      return;
+    }
   }
+  SoftmaxTile(ws.scores, rows, tr.support, score_scale, ws.row_max, ws.row_sum, alpha);
 }
 
-void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_t h,
-                 int64_t q_begin, int64_t generation, FlashScratch& ws, const Tensor& out,
-                 const Tensor& lse) {
+// FlashQBlock's body, on the target's traits (TargetKernels): a template so that the
+// branches of kernels the target lacks are discarded, not compiled.
+template <class Target>
+HWY_INLINE void FlashQBlockWith(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_t h,
+                                int64_t q_begin, int64_t generation, FlashScratch& ws,
+                                const Tensor& out, const Tensor& lse) {
   const int64_t L = p.q_len, S = p.kv_len, E = p.head_dim_qk;
   const int64_t ev_pad = ws.head_dim_vo_padded;
   const int64_t rows = std::min(kBlockQ, L - q_begin);
@@ -95,11 +95,7 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
   const float scale = static_cast<float>(p.scale);
   const bool alibi = !p.mask.alibi_slopes.empty();  // added per tile by AlibiTile
 
-#if HWY_TARGET == HWY_AVX3
-  const bool bf16 = ws.bf16_dot;
-#else
-  const bool bf16 = false;  // uses_bf16_dot() holds only at the AVX512 level
-#endif
+  const bool bf16 = Target::kBf16Dot && ws.bf16_dot;
   // P goes to bf16 as the softmax computes it, except where dropout needs float32 P.
   const bool p_in_bf16 = bf16 && !p.has_dropout();
   const int64_t e2 = ws.head_dim_qk_pairs2;
@@ -118,11 +114,9 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
   for (int64_t r = 0; r < rows; ++r) {
     ws.row_keys[r] = row_columns(p.mask, b, q_begin + r, L, S);
   }
-#if HWY_TARGET == HWY_AVX3
-  // Whether sum_lanes holds row sums not yet in row_sum (QkSoftmaxTileBf16 / F32).
+  // Whether sum_lanes holds row sums not yet in row_sum (fused tiles).
   bool sums_in_lanes = false;
-  std::fill(ws.sum_lanes, ws.sum_lanes + rows * 16, 0.0f);
-#endif
+  if constexpr (Target::kFusedTiles) std::fill(ws.sum_lanes, ws.sum_lanes + rows * 16, 0.0f);
 
   // Key tiles outside every row's band are never visited.
   const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
@@ -158,29 +152,28 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
       }
     }
     float alpha[kBlockQ];
-    // Nothing changes the scores: q.k^T and the softmax in registers (AVX-512 only; bf16
-    // needs a positive scale, which its softmax multiplies in; float32 q carries it).
-    const bool fused = HWY_TARGET == HWY_AVX3 && !needs_mask && !alibi &&
-                       (!bf16 || (p_in_bf16 && scale > 0.0f));
-    if (fused) {
-#if HWY_TARGET == HWY_AVX3
-      if (bf16) {
-        QkSoftmaxTileBf16(ws.q_bf16, e2, rows, t.k_pairs, e2 / 2, scale, ws.row_max, ws.row_sum,
-                          ws.sum_lanes, alpha, ws.p_bf16);
-      } else {
-        QkSoftmaxTileF32(ws.q, E, rows, t.k_t, E, ws.row_max, ws.row_sum, ws.sum_lanes, alpha,
-                         ws.scores);
+    // Nothing changes the scores: q.k^T and the softmax in registers (bf16 needs a
+    // positive scale, which its softmax multiplies in; float32 q carries it).
+    const bool fused = !needs_mask && !alibi && (!bf16 || (p_in_bf16 && scale > 0.0f));
+    if constexpr (Target::kFusedTiles) {
+      if (fused) {
+        if (bf16) {
+          Target::QkSoftmaxBf16(ws.q_bf16, e2, rows, t.k_pairs, e2 / 2, scale, ws.row_max,
+                                ws.row_sum, ws.sum_lanes, alpha, ws.p_bf16);
+        } else {
+          Target::QkSoftmaxF32(ws.q, E, rows, t.k_t, E, ws.row_max, ws.row_sum, ws.sum_lanes, alpha,
+                               ws.scores);
+        }
+        sums_in_lanes = true;
+      } else if (sums_in_lanes) {
+        Target::FoldLaneSums(rows, ws.sum_lanes, ws.row_sum);
+        sums_in_lanes = false;
       }
-      sums_in_lanes = true;
-#endif
-    } else {
-#if HWY_TARGET == HWY_AVX3
-      if (sums_in_lanes) FoldSumLanes(rows, ws.sum_lanes, ws.row_sum);
-      sums_in_lanes = false;
-#endif
+    }
+    if (!(Target::kFusedTiles && fused)) {
       const TileRows tile_rows{
           q_begin, rows, j0, cols, keys, blocks_applied, trimmed ? &support : nullptr};
-      ScoresAndSoftmax(p, dense, ws, t, b, h, tile_rows, needs_mask, p_in_bf16, alpha);
+      ScoresAndSoftmax<Target>(p, dense, ws, t, b, h, tile_rows, needs_mask, p_in_bf16, alpha);
     }
     for (int64_t r = 0; r < rows; ++r) {
       if (alpha[r] != 1.0f) ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha[r]);
@@ -192,13 +185,11 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     }
 
     if (bf16) {
-#if HWY_TARGET == HWY_AVX3
       // P in bf16 for the second product, as FlashAttention does on GPUs.
       for (int64_t r = 0; r < rows && !p_in_bf16; ++r) {
         ConvertRowToBf16(ws.scores + r * kBlockKv, ws.p_bf16 + r * kBlockKv, kBlockKv);
       }
       Bf16Gemm(rows, ev_pad, kBlockKv / 2, ws.p_bf16, kBlockKv, t.v_pairs, ws.acc, ev_pad, true);
-#endif
     } else if (trimmed) {
       GemmAccumulateRowSupport(rows, ev_pad, ws.scores, kBlockKv, t.v, t.v_ld, ws.acc, ev_pad,
                                support);
@@ -207,9 +198,9 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     }
   }
 
-#if HWY_TARGET == HWY_AVX3
-  if (sums_in_lanes) FoldSumLanes(rows, ws.sum_lanes, ws.row_sum);
-#endif
+  if constexpr (Target::kFusedTiles) {
+    if (sums_in_lanes) Target::FoldLaneSums(rows, ws.sum_lanes, ws.row_sum);
+  }
   const RowView out_rows(out, b, h);
   float* lse_row = lse.data<float>() + (b * p.num_heads_q + h) * L + q_begin;
   for (int64_t r = 0; r < rows; ++r) {
@@ -224,6 +215,12 @@ void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_
     }
     out_rows.store(q_begin + r, acc);
   }
+}
+
+void FlashQBlock(const AttentionParams& p, const PackedKv& kv, int64_t b, int64_t h,
+                 int64_t q_begin, int64_t generation, FlashScratch& ws, const Tensor& out,
+                 const Tensor& lse) {
+  FlashQBlockWith<TargetKernels>(p, kv, b, h, q_begin, generation, ws, out, lse);
 }
 
 }  // namespace HWY_NAMESPACE

@@ -1,0 +1,121 @@
+// Per-ISA: the decode routes (decode_routes-inl.h) of the AVX-512 level through vdpbf16ps
+// (bf16_decode.h): bf16 key rows and value rows read in place, q and P as bf16 bits. Other
+// targets take the float32 routes only (uses_bf16_dot() holds only at this level).
+// WithDecodeRoutes chooses a call's routes on every target. Include after
+// foreach_target.h.
+
+#if defined(SDPA_CPU_DECODE_BF16_AVX3_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SDPA_CPU_DECODE_BF16_AVX3_INL_H_
+#undef SDPA_CPU_DECODE_BF16_AVX3_INL_H_
+#else
+#define SDPA_CPU_DECODE_BF16_AVX3_INL_H_
+#endif
+
+#include <algorithm>
+
+#include "cpu/bf16_decode.h"
+#include "cpu/bf16_dot.h"
+#include "cpu/decode_routes-inl.h"
+#include "cpu/softmax_bf16-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::cpu {
+namespace HWY_NAMESPACE {
+
+#if HWY_TARGET == HWY_AVX3
+/// Key route: bf16 key rows of unit stride by vdpbf16ps; q as bf16 bits, unscaled (the
+/// scale multiplies the float32 scores).
+struct Bf16Keys {
+  HWY_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
+                            int64_t r) const {
+    const int64_t E = call.k_rows.cols();
+    const uint16_t* src = static_cast<const uint16_t*>(q_rows.row_data(i));
+    uint16_t* dst = call.ws.q_bf16 + r * call.e_pad;
+    for (int64_t e = 0; e < E; ++e) dst[e] = src[e * q_rows.col_stride()];
+    std::fill(dst + E, dst + call.e_pad, uint16_t{0});
+  }
+  // 16 keys at a time, each group requesting the rows kPrefetchRows ahead of it (a whole
+  // tile's requests at once overflow the miss queues and are dropped). Value rows are
+  // requested by the P.v pass of the tile before theirs, except the first tile's,
+  // requested here with the keys.
+  HWY_INLINE void ScoreTile(const DecodeCall& call, int64_t j0, int64_t g_begin,
+                            int64_t g_end) const {
+    const RowView& k_rows = call.k_rows;
+    const int64_t S = call.S;
+    for (int64_t c = g_begin; c < g_end; c += 16) {
+      for (int64_t k = c; k < c + 16; ++k) {
+        const int64_t ahead = std::min(j0 + k + kPrefetchRows, S - 1);
+        Prefetch(k_rows, ahead);
+        if (call.values_ahead && ahead < call.first_tile_end) Prefetch(*call.values_ahead, ahead);
+      }
+      Bf16ScoreKeys(call.ws.q_bf16, call.rows, call.e_pad,
+                    static_cast<const uint16_t*>(k_rows.row_data(j0 + c)), k_rows.row_stride(),
+                    k_rows.cols(), S - j0 - c, 16, call.scale, call.ws.scores + c, kBlockKv);
+    }
+  }
+};
+
+/// Value route: bf16 value rows of unit stride by vdpbf16ps, with P rounded to bf16 (as
+/// the FLASH forward's bf16 path does); the accumulators come out in the order
+/// ValueOrderToElements restores.
+struct Bf16Values {
+  static constexpr bool kInPlace = true;
+  static constexpr bool kRescalesAcc = true;  // Bf16AccumulateValues applies alpha
+  /// P goes to bf16 as the softmax computes it, except where dropout needs float32 P.
+  bool p_in_bf16;
+  HWY_INLINE void Softmax(const DecodeCall& call, float* row_max, float* row_sum,
+                          float* alpha) const {
+    DecodeScratch& ws = call.ws;
+    if (p_in_bf16) {
+      SoftmaxTileToBf16(ws.scores, call.rows, 1.0f, row_max, row_sum, alpha, ws.p_bf16);
+    } else {
+      SoftmaxTile(ws.scores, call.rows, nullptr, 1.0f, row_max, row_sum, alpha);
+    }
+  }
+  HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin, int64_t c_end,
+                             const float* alpha) const {
+    DecodeScratch& ws = call.ws;
+    const RowView& v_rows = call.v_rows;
+    // Keys in pairs from an even column; P is 0 at masked columns (and past c_end).
+    const int64_t pair_begin = c_begin / 2 * 2;
+    for (int64_t r = 0; r < call.rows && !p_in_bf16; ++r) {
+      ConvertRowToBf16(ws.scores + r * kBlockKv, ws.p_bf16 + r * kBlockKv, kBlockKv);
+    }
+    // The P.v pass requests the next tile's value rows while it reads these: memory then
+    // streams values during P.v and keys during the scores, instead of idling through P.v
+    // with both requested in bursts during the scores.
+    const RowsAhead ahead = NextTileRows(v_rows, j0, call.S);
+    Bf16AccumulateValues(ws.p_bf16 + pair_begin, call.rows, kBlockKv,
+                         static_cast<const uint16_t*>(v_rows.row_data(j0 + pair_begin)),
+                         v_rows.row_stride(), v_rows.cols(), c_end - pair_begin, alpha, call.acc,
+                         call.ev_pad, ahead);
+  }
+  HWY_INLINE void Finish(const DecodeCall& call) const {
+    static_assert(kDecodeRowPad % kValueBlock == 0);
+    for (int64_t r = 0; r < call.rows; ++r) {
+      ValueOrderToElements(call.acc + r * call.ev_pad, call.ev_pad);
+    }
+  }
+};
+
+/// Calls f(key route, value route) with the routes of a call whose scratch is ws.
+template <class F>
+HWY_INLINE void WithDecodeRoutes(const DecodeScratch& ws, bool has_dropout, const F& f) {
+  if (!ws.bf16_keys) return WithFloat32Routes(ws, f);
+  if (ws.bf16_values) return f(Bf16Keys(), Bf16Values{!has_dropout});
+  f(Bf16Keys(), ValuesInTile());
+}
+#else
+/// Calls f(key route, value route) with the routes of a call whose scratch is ws.
+template <class F>
+HWY_INLINE void WithDecodeRoutes(const DecodeScratch& ws, bool, const F& f) {
+  WithFloat32Routes(ws, f);
+}
+#endif
+
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::cpu
+HWY_AFTER_NAMESPACE();
+
+#endif  // SDPA_CPU_DECODE_BF16_AVX3_INL_H_

@@ -1,0 +1,272 @@
+// Key-read and value-accumulate routes of the split-KV decode chunk (flash_decode_tile.cc),
+// as small types chosen once per call: DecodeChunk's body is a template on one key route
+// and one value route, so the tile loop branches on no route. Key routes load q and score
+// a tile's keys into ws.scores; value routes run the softmax and add P.v to the
+// accumulators. Here: rows converted into the float32 tile (other strides, any target)
+// and rows read in place (decode_rows-inl.h); the vdpbf16ps routes are in
+// decode_bf16_avx3-inl.h. Per-target code: include after foreach_target.h.
+
+#if defined(SDPA_CPU_DECODE_ROUTES_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SDPA_CPU_DECODE_ROUTES_INL_H_
+#undef SDPA_CPU_DECODE_ROUTES_INL_H_
+#else
+#define SDPA_CPU_DECODE_ROUTES_INL_H_
+#endif
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cpu/decode_rows-inl.h"
+#include "cpu/flash_decode.h"
+#include "cpu/gemm-inl.h"
+#include "cpu/reduce_lanes-inl.h"
+#include "cpu/rows.h"
+#include "cpu/rows_ahead.h"
+#include "cpu/tile_ops-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+/// One DecodeChunk call as its routes see it: the kv head's key and value rows, the
+/// working set, `rows` query rows (q [rows, e_pad], accumulators acc [rows, ev_pad]),
+/// kv_len S, the end of the chunk's first tile (whose value rows the key pass requests
+/// when `values_ahead` is set: the value route reads rows in place) and the softmax scale.
+struct DecodeCall {
+  const RowView& k_rows;
+  const RowView& v_rows;
+  const RowView* values_ahead;
+  DecodeScratch& ws;
+  int64_t rows, S, e_pad, ev_pad, first_tile_end;
+  float scale;
+  float* acc;
+};
+
+// dst[0, padded) = row r of `rows` as float32 (times `multiplier`), zero beyond cols():
+// q rows, and key / value rows not read in place (other strides, the scalar target).
+HWY_INLINE void LoadRow(const RowView& rows, int64_t r, int64_t padded, float* HWY_RESTRICT dst,
+                        float multiplier = 1.0f) {
+  rows.load(r, dst, multiplier);
+  std::fill(dst + rows.cols(), dst + padded, 0.0f);
+}
+
+// Rows are read once, one after another, each a few hundred bytes: requesting the row
+// kPrefetchRows ahead keeps enough misses in flight to stream at memory bandwidth. The
+// requests go to L2 (prefetcht1): as L1 prefetches they held the L1 miss buffers the
+// demand loads need (one thread streamed 8.8 GB/s that way, 10.9 GB/s into L2).
+inline constexpr int64_t kPrefetchRows = 32;
+
+HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
+  const char* row = static_cast<const char*>(rows.row_data(r));
+  const int64_t bytes = rows.cols() * rows.col_stride() * rows.element_bytes();
+  for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 0, 2);
+}
+
+// The rows of the tile after the one at j0, for the P.v passes to request. Past the chunk's
+// end too: the next chunk is usually this thread's next item (flash_decode.cpp).
+HWY_INLINE RowsAhead NextTileRows(const RowView& rows, int64_t j0, int64_t S) {
+  const int64_t next = j0 + kBlockKv;
+  return {next < S ? rows.row_data(next) : nullptr, std::clamp<int64_t>(S - next, 0, kBlockKv),
+          rows.element_bytes()};
+}
+
+// scores[r * kBlockKv + c] = q_r . key_c for rows r < rows and keys c in [c0, c1) (multiples
+// of the lane count), key_c being row c of `keys` (row length e_pad).
+HWY_INLINE void ScoreKeys(const float* HWY_RESTRICT q, int64_t rows, const float* HWY_RESTRICT keys,
+                          int64_t e_pad, int64_t c0, int64_t c1, float* HWY_RESTRICT scores) {
+  const hn::ScalableTag<float> d;
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
+  for (int64_t c = c0; c < c1; c += N) {
+    const float* key = keys + c * e_pad;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* qr = q + r * e_pad;
+      hn::Vec<decltype(d)> acc[N];
+      for (int64_t k = 0; k < N; ++k) acc[k] = hn::Zero(d);
+      for (int64_t e = 0; e < e_pad; e += N) {
+        const auto qv = hn::LoadU(d, qr + e);
+        for (int64_t k = 0; k < N; ++k) {
+          acc[k] = hn::MulAdd(qv, hn::LoadU(d, key + k * e_pad + e), acc[k]);
+        }
+      }
+      hn::StoreU(ReduceLanesTree(d, acc, AddLanes()), d, scores + r * kBlockKv + c);
+    }
+  }
+}
+
+/// Key route: key rows converted into ws.tile as float32 (any stride and target).
+struct KeysInTile {
+  /// Query row r of the call <- row i of q_rows, times the scale.
+  HWY_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
+                            int64_t r) const {
+    LoadRow(q_rows, i, call.e_pad, call.ws.q + r * call.e_pad, call.scale);
+  }
+  /// Scores of the tile at j0 for keys [g_begin, g_end) (whole vectors; keys past kv_len
+  /// score 0, masked by the caller).
+  HWY_INLINE void ScoreTile(const DecodeCall& call, int64_t j0, int64_t g_begin,
+                            int64_t g_end) const {
+    DecodeScratch& ws = call.ws;
+    for (int64_t c = g_begin; c < g_end; ++c) {
+      float* key = ws.tile + c * call.e_pad;
+      if (j0 + c >= call.S) {
+        std::fill(key, key + call.e_pad, 0.0f);
+        continue;
+      }
+      Prefetch(call.k_rows, std::min(j0 + c + kPrefetchRows, call.S - 1));
+      LoadRow(call.k_rows, j0 + c, call.e_pad, key);
+    }
+    ScoreKeys(ws.q, call.rows, ws.tile, call.e_pad, g_begin, g_end, ws.scores);
+  }
+};
+
+/// Value routes whose P is float32: the online softmax of tile_ops-inl.h, and the
+/// accumulators rescaled by the caller.
+struct Float32Probabilities {
+  static constexpr bool kRescalesAcc = false;
+  /// Online softmax of ws.scores' rows: P over the scores, alpha the accumulator factors.
+  HWY_INLINE void Softmax(const DecodeCall& call, float* row_max, float* row_sum,
+                          float* alpha) const {
+    SoftmaxTile(call.ws.scores, call.rows, nullptr, 1.0f, row_max, row_sum, alpha);
+  }
+};
+
+/// Value route: value rows converted into ws.tile as float32 (any stride and target).
+struct ValuesInTile : Float32Probabilities {
+  static constexpr bool kInPlace = false;
+  /// acc += P[:, c_begin, c_end) . value rows j0 + [c_begin, c_end).
+  HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin, int64_t c_end,
+                             const float*) const {
+    DecodeScratch& ws = call.ws;
+    const int64_t ev_pad = call.ev_pad;
+    for (int64_t c = c_begin; c < c_end; ++c) {
+      Prefetch(call.v_rows, std::min(j0 + c + kPrefetchRows, call.S - 1));
+      LoadRow(call.v_rows, j0 + c, ev_pad, ws.tile + c * ev_pad);
+    }
+    // P.v with register-blocked accumulators (the rows' outputs stay in registers over
+    // the tile's keys instead of a load and store per key).
+    Gemm(call.rows, ev_pad, c_end - c_begin, ws.scores + c_begin, kBlockKv,
+         ws.tile + c_begin * ev_pad, ev_pad, call.acc, ev_pad, true);
+  }
+  /// Puts the accumulators in element order (they are).
+  HWY_INLINE void Finish(const DecodeCall&) const {}
+};
+
+#if HWY_TARGET != HWY_SCALAR
+// f(std::integral_constant<KvRows, kind>()): the in-place kernels compiled per row type.
+template <class F>
+HWY_INLINE void ForKvRows(KvRows kind, const F& f) {
+  switch (kind) {
+    case KvRows::kBFloat16: return f(std::integral_constant<KvRows, KvRows::kBFloat16>());
+    case KvRows::kFloat16: return f(std::integral_constant<KvRows, KvRows::kFloat16>());
+    case KvRows::kFloat32: return f(std::integral_constant<KvRows, KvRows::kFloat32>());
+  }
+}
+
+// Scores of keys [key0, key0 + Lanes) read in place into scores[0, Lanes) (keys past
+// kv_len repeat the last key: the caller masks their scores). Requests the key rows
+// kPrefetchRows ahead, and the value rows of `values` (null: none) while they belong to
+// the chunk's first tile (the P.v pass of the tile before requests the others).
+template <KvRows kRows>
+HWY_INLINE void ScoreKeyGroupInPlace(const float* HWY_RESTRICT q, int64_t rows, int64_t q_stride,
+                                     const RowView& k_rows, const RowView* values,
+                                     int64_t first_tile_end, int64_t key0, int64_t S,
+                                     float* HWY_RESTRICT scores) {
+  using T = KvElement<kRows>;
+  constexpr int64_t kBlock = SplitBlock(), lanes = kBlock / 2;
+  const int64_t E = k_rows.cols(), full = E / kBlock * kBlock;
+  const T* keys[lanes];
+  HWY_ALIGN T tails[lanes * kBlock];
+  for (int64_t k = 0; k < lanes; ++k) {
+    const int64_t key = std::min(key0 + k, S - 1);
+    const int64_t ahead = std::min(key + kPrefetchRows, S - 1);
+    Prefetch(k_rows, ahead);
+    if (values && ahead < first_tile_end) Prefetch(*values, ahead);
+    keys[k] = static_cast<const T*>(k_rows.row_data(key));
+  }
+  if (full < E) GatherTails(keys, lanes, full, E, tails);
+  ScoreKeysInPlace<kRows>(q, rows, q_stride, keys, full, full < E ? tails : nullptr, scores,
+                          kBlockKv);
+}
+
+// acc (rows in kRows' layout) += P[:, 0, n) . value rows [first, first + n) read in place;
+// requests the rows of the tile after the one at j0 on the way.
+template <KvRows kRows>
+HWY_INLINE void AccumulateTileInPlace(const float* HWY_RESTRICT p, int64_t rows,
+                                      const RowView& v_rows, int64_t first, int64_t n, int64_t j0,
+                                      int64_t S, float* HWY_RESTRICT acc, int64_t acc_stride) {
+  using T = KvElement<kRows>;
+  constexpr int64_t kBlock = SplitBlock();
+  const int64_t Ev = v_rows.cols(), full = Ev / kBlock * kBlock;
+  const T* values[kBlockKv];
+  HWY_ALIGN T tails[kBlockKv * kBlock];
+  for (int64_t k = 0; k < n; ++k) values[k] = static_cast<const T*>(v_rows.row_data(first + k));
+  if (full < Ev) GatherTails(values, n, full, Ev, tails);
+  AccumulateValuesInPlace<kRows>(p, rows, kBlockKv, values, n, full, full < Ev ? tails : nullptr,
+                                 acc, acc_stride, Ev, NextTileRows(v_rows, j0, S),
+                                 v_rows.row_stride());
+}
+
+/// Key route: key rows of unit stride read in place (widened in registers). bf16 rows
+/// need q in the split layout (decode_rows-inl.h).
+struct KeysInPlace {
+  KvRows kind;
+  HWY_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
+                            int64_t r) const {
+    float* q = call.ws.q + r * call.e_pad;
+    LoadRow(q_rows, i, call.e_pad, q, call.scale);
+    if (kind == KvRows::kBFloat16) SplitRow(q, round_up(call.k_rows.cols(), SplitBlock()));
+  }
+  HWY_INLINE void ScoreTile(const DecodeCall& call, int64_t j0, int64_t g_begin,
+                            int64_t g_end) const {
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+    ForKvRows(kind, [&](auto rows_kind) HWY_ATTR {
+      for (int64_t c = g_begin; c < g_end; c += lanes) {
+        ScoreKeyGroupInPlace<decltype(rows_kind)::value>(
+            call.ws.q, call.rows, call.e_pad, call.k_rows, call.values_ahead, call.first_tile_end,
+            j0 + c, call.S, call.ws.scores + c);
+      }
+    });
+  }
+};
+
+/// Value route: value rows of unit stride read in place (widened in registers); bf16 rows
+/// accumulate in the split layout, put back in order by Finish.
+struct ValuesInPlace : Float32Probabilities {
+  static constexpr bool kInPlace = true;
+  KvRows kind;
+  HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin, int64_t c_end,
+                             const float*) const {
+    ForKvRows(kind, [&](auto rows_kind) HWY_ATTR {
+      AccumulateTileInPlace<decltype(rows_kind)::value>(call.ws.scores + c_begin, call.rows,
+                                                        call.v_rows, j0 + c_begin, c_end - c_begin,
+                                                        j0, call.S, call.acc, call.ev_pad);
+    });
+  }
+  HWY_INLINE void Finish(const DecodeCall& call) const {
+    if (kind != KvRows::kBFloat16) return;
+    const int64_t split = round_up(call.v_rows.cols(), SplitBlock());
+    for (int64_t r = 0; r < call.rows; ++r) SplitRow(call.acc + r * call.ev_pad, split, true);
+  }
+};
+#endif  // HWY_TARGET != HWY_SCALAR
+
+/// Calls f(key route, value route) with the routes of a call whose rows do not go through
+/// vdpbf16ps: in place where the rows allow it (not on the scalar target).
+template <class F>
+HWY_INLINE void WithFloat32Routes([[maybe_unused]] const DecodeScratch& ws, const F& f) {
+#if HWY_TARGET != HWY_SCALAR
+  if (ws.key_rows_in_place) {
+    if (ws.value_rows_in_place) return f(KeysInPlace{ws.kv_rows}, ValuesInPlace{{}, ws.kv_rows});
+    return f(KeysInPlace{ws.kv_rows}, ValuesInTile());
+  }
+  if (ws.value_rows_in_place) return f(KeysInTile(), ValuesInPlace{{}, ws.kv_rows});
+#endif
+  f(KeysInTile(), ValuesInTile());
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::cpu
+HWY_AFTER_NAMESPACE();
+
+#endif  // SDPA_CPU_DECODE_ROUTES_INL_H_
