@@ -1,0 +1,56 @@
+// The process-wide thread settings behind sdpa::set_num_threads and the work grain.
+
+#include "core/threading.h"
+
+#include <omp.h>
+
+#include <atomic>
+#include <cstdlib>
+
+#include "sdpa/error.h"
+#include "sdpa/threading.h"
+
+namespace sdpa {
+namespace {
+
+// 0: follow OpenMP (omp_get_max_threads of the calling thread).
+std::atomic<int> g_num_threads{0};
+
+// SDPA_GRAIN_SCALE retunes the grain for another host (or 0: every region parallel, as
+// the grain measurement needs); a value that does not parse, or a negative one, is 1.
+double grain_scale_from_env() {
+  const char* text = std::getenv("SDPA_GRAIN_SCALE");
+  if (text == nullptr) return 1.0;
+  char* end = nullptr;
+  const double scale = std::strtod(text, &end);
+  return end != text && scale >= 0 ? scale : 1.0;
+}
+
+std::atomic<double> g_grain_scale{grain_scale_from_env()};
+
+}  // namespace
+
+void set_num_threads(int n) {
+  SDPA_CHECK(n >= 1, "set_num_threads: n: expected >= 1, got ", n);
+  g_num_threads.store(n, std::memory_order_relaxed);
+}
+
+int get_num_threads() {
+  const int n = g_num_threads.load(std::memory_order_relaxed);
+  return n > 0 ? n : omp_get_max_threads();
+}
+
+namespace detail {
+
+ThreadingContext ThreadingContext::current() {
+  return ThreadingContext(get_num_threads(), g_grain_scale.load(std::memory_order_relaxed));
+}
+
+double set_grain_scale(double scale) {
+  return g_grain_scale.exchange(scale, std::memory_order_relaxed);
+}
+
+void clear_num_threads() { g_num_threads.store(0, std::memory_order_relaxed); }
+
+}  // namespace detail
+}  // namespace sdpa
