@@ -4,8 +4,12 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include "sdpa/error.h"
 #include "sdpa/threading.h"
@@ -28,6 +32,28 @@ double grain_scale_from_env() {
 
 std::atomic<double> g_grain_scale{grain_scale_from_env()};
 
+// The load average and processor count, read at most every 100 ms: getloadavg reads
+// /proc/loadavg (a few microseconds), too much for every small call. Racing readers may
+// both refresh; either pair of values is fine.
+constexpr int64_t kLoadRefreshNs = 100'000'000;
+std::atomic<int64_t> g_load_read_ns{std::numeric_limits<int64_t>::min()};
+std::atomic<double> g_load{0};
+std::atomic<int> g_processors{1};
+
+int threads_for_load(int budget) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  if (now - g_load_read_ns.load(std::memory_order_relaxed) > kLoadRefreshNs) {
+    double load = 0;
+    g_load.store(getloadavg(&load, 1) == 1 ? load : 0.0, std::memory_order_relaxed);
+    g_processors.store(omp_get_num_procs(), std::memory_order_relaxed);
+    g_load_read_ns.store(now, std::memory_order_relaxed);
+  }
+  return detail::threads_beside_load(budget, g_processors.load(std::memory_order_relaxed),
+                                     g_load.load(std::memory_order_relaxed));
+}
+
 }  // namespace
 
 void set_num_threads(int n) {
@@ -43,7 +69,14 @@ int get_num_threads() {
 namespace detail {
 
 ThreadingContext ThreadingContext::current() {
-  return ThreadingContext(get_num_threads(), g_grain_scale.load(std::memory_order_relaxed));
+  const double scale = g_grain_scale.load(std::memory_order_relaxed);
+  const int budget = get_num_threads();
+  return ThreadingContext(budget > 1 && scale > 0 ? threads_for_load(budget) : budget, scale);
+}
+
+int threads_beside_load(int budget, int processors, double load) {
+  const double others = std::max(0.0, load - budget);
+  return std::clamp(static_cast<int>(std::floor(processors - others)), 1, std::max(budget, 1));
 }
 
 double set_grain_scale(double scale) {

@@ -41,8 +41,9 @@ class ThreadingContext {
   ThreadingContext(int max_threads, double grain_scale)
       : max_threads_(std::max(max_threads, 1)), grain_scale_(grain_scale) {}
 
-  /// The budget of a call starting on the calling thread: sdpa::get_num_threads() threads
-  /// and the process's grain scale (SDPA_GRAIN_SCALE, default 1).
+  /// The budget of a call starting on the calling thread: sdpa::get_num_threads() threads,
+  /// fewer while other processes keep the processors busy (threads_beside_load), and the
+  /// process's grain scale (SDPA_GRAIN_SCALE, default 1; 0 also ignores the load).
   static ThreadingContext current();
 
   int max_threads() const { return max_threads_; }
@@ -62,6 +63,13 @@ class ThreadingContext {
   int max_threads_;
   double grain_scale_;
 };
+
+/// Threads of a budget of `budget` worth waking beside other processes: the 1-minute load
+/// average `load` beyond the `budget` threads this library may keep busy itself is other
+/// processes', each holding one of the `processors`. With libgomp's default spin-waiting,
+/// a worker that finds no free processor stalls every region it takes part in for up to a
+/// scheduler time slice (docs/design.md, "Threading"). At least 1, at most `budget`.
+int threads_beside_load(int budget, int processors, double load);
 
 /// Sets the process's grain scale (tests run small shapes on several threads with 0) and
 /// returns the previous one.

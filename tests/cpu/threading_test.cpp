@@ -51,6 +51,19 @@ TEST(Threading, ThreadsCappedByItemsAndBudget) {
   EXPECT_EQ(ThreadingContext(0, 1.0).max_threads(), 1);
 }
 
+TEST(Threading, LoadOfOtherProcessesTakesProcessors) {
+  using detail::threads_beside_load;
+  // Idle, or busy with this library's own threads only: the whole budget.
+  EXPECT_EQ(threads_beside_load(2, 2, 0.0), 2);
+  EXPECT_EQ(threads_beside_load(2, 2, 2.0), 2);
+  EXPECT_EQ(threads_beside_load(8, 16, 12.0), 8);
+  // One other busy process on 2 processors: one thread; many: still one.
+  EXPECT_EQ(threads_beside_load(2, 2, 3.0), 1);
+  EXPECT_EQ(threads_beside_load(2, 2, 9.0), 1);
+  EXPECT_EQ(threads_beside_load(16, 16, 20.0), 12);
+  EXPECT_EQ(threads_beside_load(1, 2, 0.0), 1);
+}
+
 // Clears set_num_threads on exit, so other tests follow OpenMP's count again.
 struct ClearNumThreads {
   ~ClearNumThreads() { detail::clear_num_threads(); }
@@ -68,7 +81,11 @@ TEST(Threading, SetNumThreadsValidatesAndHoldsForEveryThread) {
   }
   set_num_threads(3);
   EXPECT_EQ(get_num_threads(), 3);
+  // Fewer only while the machine's load leaves fewer processors (grain scale 0: never).
+  EXPECT_LE(ThreadingContext::current().max_threads(), 3);
+  const double scale = detail::set_grain_scale(0);
   EXPECT_EQ(ThreadingContext::current().max_threads(), 3);
+  detail::set_grain_scale(scale);
   // Process-wide: another thread sees it too, whatever its own OpenMP setting.
   int seen = 0;
   std::thread([&] {
