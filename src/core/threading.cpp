@@ -71,7 +71,8 @@ namespace detail {
 ThreadingContext ThreadingContext::current() {
   const double scale = g_grain_scale.load(std::memory_order_relaxed);
   const int budget = get_num_threads();
-  return ThreadingContext(budget > 1 && scale > 0 ? threads_for_load(budget) : budget, scale);
+  return ThreadingContext(budget, scale,
+                          budget > 1 && scale > 0 ? threads_for_load(budget) : budget);
 }
 
 int threads_beside_load(int budget, int processors, double load) {

@@ -31,36 +31,52 @@ struct Work {
 inline constexpr double kGrainFlops = 2.0e6;
 inline constexpr double kGrainBytes = 5.0e5;
 
-/// The thread budget of one library call: the most threads it may use and the work grain.
-/// A value, taken once at the call's entry, so that every region of the call sees the
-/// same budget.
+/// Regions of at least this many grains (about 100 ms of one thread's work) take the
+/// whole budget even on a loaded machine: waiting up to a few time slices for a worker
+/// costs them little, and each thread adds its fair share of the processors (a large call
+/// on one thread would run about half as fast beside other busy processes).
+inline constexpr double kLoadCapMaxGrains = 4000;
+
+/// The thread budget of one library call: the most threads it may use, those worth
+/// waking beside other processes, and the work grain. A value, taken once at the call's
+/// entry, so that every region of the call sees the same budget.
 class ThreadingContext {
  public:
   /// `grain_scale` multiplies kGrainFlops and kGrainBytes; 0 gives every region all the
-  /// threads its items allow.
+  /// threads its items allow. `threads_beside_load` (at most max_threads) bounds regions
+  /// below kLoadCapMaxGrains.
+  ThreadingContext(int max_threads, double grain_scale, int threads_beside_load)
+      : max_threads_(std::max(max_threads, 1)),
+        threads_beside_load_(std::clamp(threads_beside_load, 1, max_threads_)),
+        grain_scale_(grain_scale) {}
   ThreadingContext(int max_threads, double grain_scale)
-      : max_threads_(std::max(max_threads, 1)), grain_scale_(grain_scale) {}
+      : ThreadingContext(max_threads, grain_scale, max_threads) {}
 
   /// The budget of a call starting on the calling thread: sdpa::get_num_threads() threads,
-  /// fewer while other processes keep the processors busy (threads_beside_load), and the
-  /// process's grain scale (SDPA_GRAIN_SCALE, default 1; 0 also ignores the load).
+  /// fewer for small regions while other processes keep the processors busy
+  /// (threads_beside_load), and the process's grain scale (SDPA_GRAIN_SCALE, default 1;
+  /// 0 also ignores the load).
   static ThreadingContext current();
 
   int max_threads() const { return max_threads_; }
 
   /// Threads for a region of `items` independent work items doing `work` in all:
-  /// min(max_threads, items, work / grain), at least 1 (serial, on the calling thread).
+  /// min(budget, items, work / grain), at least 1 (serial, on the calling thread); the
+  /// budget is the load-bounded one below kLoadCapMaxGrains.
   int threads_for(int64_t items, Work work) const {
     double limit = std::min(static_cast<double>(max_threads_), static_cast<double>(items));
     if (grain_scale_ > 0) {
-      limit = std::min(limit, std::max(work.flops / (grain_scale_ * kGrainFlops),
-                                       work.bytes / (grain_scale_ * kGrainBytes)));
+      const double grains = std::max(work.flops / (grain_scale_ * kGrainFlops),
+                                     work.bytes / (grain_scale_ * kGrainBytes));
+      limit = std::min(limit, grains);
+      if (grains < kLoadCapMaxGrains) limit = std::min(limit, double{threads_beside_load_});
     }
     return std::max(1, static_cast<int>(limit));
   }
 
  private:
   int max_threads_;
+  int threads_beside_load_;
   double grain_scale_;
 };
 

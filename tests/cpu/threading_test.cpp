@@ -62,6 +62,11 @@ TEST(Threading, LoadOfOtherProcessesTakesProcessors) {
   EXPECT_EQ(threads_beside_load(2, 2, 9.0), 1);
   EXPECT_EQ(threads_beside_load(16, 16, 20.0), 12);
   EXPECT_EQ(threads_beside_load(1, 2, 0.0), 1);
+  // The load bounds small regions only.
+  const ThreadingContext loaded(8, 1.0, 2);
+  EXPECT_EQ(loaded.threads_for(1000, {100 * kGrainFlops, 0}), 2);
+  EXPECT_EQ(loaded.threads_for(1000, {detail::kLoadCapMaxGrains * kGrainFlops, 0}), 8);
+  EXPECT_EQ(ThreadingContext(8, 0.0, 2).threads_for(1000, {0, 0}), 8);
 }
 
 // Clears set_num_threads on exit, so other tests follow OpenMP's count again.
@@ -81,11 +86,7 @@ TEST(Threading, SetNumThreadsValidatesAndHoldsForEveryThread) {
   }
   set_num_threads(3);
   EXPECT_EQ(get_num_threads(), 3);
-  // Fewer only while the machine's load leaves fewer processors (grain scale 0: never).
-  EXPECT_LE(ThreadingContext::current().max_threads(), 3);
-  const double scale = detail::set_grain_scale(0);
   EXPECT_EQ(ThreadingContext::current().max_threads(), 3);
-  detail::set_grain_scale(scale);
   // Process-wide: another thread sees it too, whatever its own OpenMP setting.
   int seen = 0;
   std::thread([&] {
