@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <limits>
 
 #include "sdpa/error.h"
 #include "sdpa/threading.h"
@@ -36,7 +35,7 @@ std::atomic<double> g_grain_scale{grain_scale_from_env()};
 // /proc/loadavg (a few microseconds), too much for every small call. Racing readers may
 // both refresh; either pair of values is fine.
 constexpr int64_t kLoadRefreshNs = 100'000'000;
-std::atomic<int64_t> g_load_read_ns{std::numeric_limits<int64_t>::min()};
+std::atomic<int64_t> g_load_read_ns{-kLoadRefreshNs - 1};  // never read
 std::atomic<double> g_load{0};
 std::atomic<int> g_processors{1};
 
