@@ -11,6 +11,12 @@ convention) and the percentage of this machine's peak measured in the same run b
 cases as a fraction of copy bandwidth, counting the K/V bytes read).
 
     python bench/compare_torch.py [--quick] [--threads 2] [--repeats 7] [--json out.json]
+    python bench/compare_torch.py --small     # small calls, idle and beside a busy process
+
+--small times issue 27's small calls (a tiny decode, the all-MiniLM-L6-v2 layer and a
+Llama-7B-shaped decode step, float32) in microseconds per call, in two settings: as the
+machine is, and with a second process (`yes`) keeping one processor busy, which the
+script starts and stops. That is where OpenMP threads waiting for a processor show.
 
 Needs the sdpa Python package and torch; --sdpa-cli names the `sdpa` command (default:
 build/release/tools/sdpa) for the peak figures (omitted when it is missing).
@@ -50,6 +56,8 @@ class Case:
     dtype: str
     causal: bool
     backward: bool = False
+    calls: int = 1  # calls per timed sample: small calls are timed in batches
+
 
     def flops(self) -> float:
         fwd = 4.0 * self.batch * self.heads_q * self.q_len * self.kv_len * self.head_dim
@@ -87,6 +95,14 @@ def table_cases(quick: bool) -> list[Case]:
     for length in ((512, 1024) if quick else (512, 1024, 2048, 4096, 8192, 16384)):
         cases.append(Case("length-sweep", 1, 16, 16, length, length, 64, "float32", False))
     return cases
+
+
+def small_cases() -> list[Case]:
+    """Issue 27's small calls: q/k/v [1, 1, 1, 8], the MiniLM layer [5, 12, 27, 32] and a
+    Llama-7B decode step, q [1, 32, 1, 128] with k/v [1, 32, 128, 128]."""
+    return [Case("small-tiny", 1, 1, 1, 1, 1, 8, "float32", False, calls=200),
+            Case("small-minilm", 5, 12, 12, 27, 27, 32, "float32", False, calls=20),
+            Case("small-llama", 1, 32, 32, 1, 128, 128, "float32", False, calls=20)]
 
 
 def make_inputs(c: Case, seed: int = 0):
@@ -137,16 +153,43 @@ def callables(c: Case):
     return torch_fn, sdpa_fn, check
 
 
-def paired_median_ms(fns, repeats: int) -> list[float]:
+def paired_median_ms(fns, repeats: int, calls: int = 1) -> list[float]:
+    """Median ms per call of each function, timed round-robin in samples of `calls`."""
     for fn in fns:  # warm-up: first-touch allocations, thread pools
         fn()
     times = [[] for _ in fns]
     for _ in range(repeats):
         for i, fn in enumerate(fns):
             t0 = time.perf_counter()
-            fn()
-            times[i].append((time.perf_counter() - t0) * 1e3)
+            for _ in range(calls):
+                fn()
+            times[i].append((time.perf_counter() - t0) * 1e3 / calls)
     return [statistics.median(t) for t in times]
+
+
+def run_small(repeats: int) -> list[dict]:
+    """Microseconds per small call, as the machine is and beside a busy `yes`."""
+    print(f"{'case':<13} {'shape':<34} {'setting':<8} {'torch us':>9} {'sdpa us':>9} "
+          f"{'speedup':>8} {'max rel err':>11}")
+    rows = []
+    for setting in ("as-is", "busy"):
+        busy = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) if setting == "busy" else None
+        try:
+            for c in small_cases():
+                torch_fn, sdpa_fn, check = callables(c)
+                err = check()
+                torch_ms, sdpa_ms = paired_median_ms([torch_fn, sdpa_fn], repeats, c.calls)
+                shape = f"B={c.batch} Hq={c.heads_q} Hkv={c.heads_kv} L={c.q_len} S={c.kv_len} E={c.head_dim}"
+                rows.append(dict(dataclasses.asdict(c), setting=setting, torch_us=1e3 * torch_ms,
+                                 sdpa_us=1e3 * sdpa_ms, max_rel_err=err,
+                                 agree=err <= TOLERANCE[c.dtype]))
+                print(f"{c.name:<13} {shape:<34} {setting:<8} {1e3 * torch_ms:9.1f} "
+                      f"{1e3 * sdpa_ms:9.1f} {torch_ms / sdpa_ms:7.2f}x {err:11.2e}", flush=True)
+        finally:
+            if busy:
+                busy.kill()
+                busy.wait()
+    return rows
 
 
 def measure_peaks(cli: Path) -> dict[str, float]:
@@ -180,6 +223,8 @@ def main() -> int:
     parser.add_argument("--sdpa-cli", type=Path,
                         default=Path(__file__).resolve().parents[1] / "build/release/tools/sdpa")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    parser.add_argument("--small", action="store_true",
+                        help="only the small calls, as-is and beside a busy process")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -187,6 +232,11 @@ def main() -> int:
     peaks = measure_peaks(args.sdpa_cli)
     print(f"torch {torch.__version__}, sdpa {sdpa.__version__}, {args.threads} threads, "
           f"capability {sdpa.backends.cpu.get_cpu_capability()}, peaks {peaks or 'not measured'}")
+    if args.small:
+        rows = run_small(args.repeats)
+        if args.json:
+            args.json.write_text(json.dumps({"peaks": peaks, "rows": rows}, indent=1))
+        return 0 if all(r["agree"] for r in rows) else 1
     header = (f"{'case':<13} {'shape':<34} {'dtype':<9} {'causal':<6} {'torch ms':>9} "
               f"{'sdpa ms':>9} {'speedup':>8} {'GFLOP/s':>8} {'of peak':>13} {'max rel err':>11}")
     print(header)

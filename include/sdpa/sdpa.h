@@ -11,6 +11,7 @@
 #include "sdpa/generator.h"
 #include "sdpa/params.h"
 #include "sdpa/tensor.h"
+#include "sdpa/threading.h"
 
 namespace sdpa {
 

@@ -10,7 +10,29 @@ traced into the library's programs, ``flex_attention``, ``create_block_mask``),
 ``sdpa.info`` (``python -m sdpa.info``) and ``sdpa.integrations``. Neither numpy nor torch is imported until your arrays need them.
 """
 
-from . import _C
+import os as _os
+
+
+def _load_extension():
+    # libgomp fixes its wait policy when it loads, from the environment; by default its
+    # idle workers spin for milliseconds after every parallel region, and on a machine
+    # with other work they then wait for a core when the next region needs them (issue
+    # 27: a MiniLM-layer call 17 times slower). The extension's libgomp loads here, so
+    # unless the user chose a policy it loads passive (workers sleep). The variable is
+    # removed again: OpenMP runtimes loaded later (torch's) and child processes keep
+    # their own default. A libgomp already loaded by another module keeps its policy.
+    chosen = "OMP_WAIT_POLICY" in _os.environ or "GOMP_SPINCOUNT" in _os.environ
+    if not chosen:
+        _os.environ["OMP_WAIT_POLICY"] = "passive"
+    try:
+        from . import _C
+    finally:
+        if not chosen:
+            del _os.environ["OMP_WAIT_POLICY"]
+    return _C
+
+
+_C = _load_extension()
 from ._C import (
     BackendVerdict,
     Error,

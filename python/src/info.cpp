@@ -1,7 +1,5 @@
 // Version, threads, memory counters and the `sdpa info` report.
 
-#include <omp.h>
-
 #include <string>
 
 #include <nanobind/stl/string.h>
@@ -13,12 +11,12 @@ namespace sdpa::python {
 void bind_info(nb::module_& m) {
   m.def("version", &version, "Library version, \"MAJOR.MINOR.PATCH\".");
   m.def("info", &info_text, "The report `sdpa info` prints (sdpa::info_text).");
-  m.def("get_num_threads", [] { return omp_get_max_threads(); },
-        "OpenMP threads a parallel region started from this thread uses.");
-  m.def("set_num_threads", [](int n) {
-    if (n < 1) throw nb::value_error("set_num_threads: expected n >= 1");
-    omp_set_num_threads(n);
-  }, nb::arg("n"), "Sets the OpenMP threads of this thread's later parallel regions.");
+  m.def("get_num_threads", &get_num_threads,
+        "The most threads a call started on this thread uses (sdpa::get_num_threads).");
+  m.def("set_num_threads", &set_num_threads, nb::arg("n"),
+        "Sets the most threads (>= 1) one call uses, for every thread of the process; a "
+        "call uses fewer when its work repays fewer. sdpa.Error (a ValueError) when n < 1 "
+        "(sdpa::set_num_threads).");
   m.def("memory_stats", [] {
     const MemoryStats s = memory_stats();
     nb::dict d;

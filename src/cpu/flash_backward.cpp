@@ -1,14 +1,13 @@
 // CPU flash backward: threading, scratch and the rowsum(dO o O) pre-pass. The SIMD work
 // is in flash_backward_tile.cc.
 
-#include <omp.h>
-
 #include <algorithm>
 #include <iterator>
 #include <optional>
 #include <vector>
 
 #include "core/parallel.h"
+#include "core/threading.h"
 #include "cpu/flash_backward_tile.h"
 #include "cpu/kernels.h"
 #include "cpu/pack_backward.h"
@@ -60,12 +59,14 @@ FlashBackwardScratch::FlashBackwardScratch(const AttentionParams& params,
 namespace {
 
 // delta[b, h, i] = sum_e dO[b, h, i, e] * O[b, h, i, e] (FlashAttention-2's D).
-Tensor rowsum_dout_out(const AttentionParams& p) {
+Tensor rowsum_dout_out(const AttentionParams& p, const detail::ThreadingContext& context) {
   Tensor delta = Tensor::empty({p.batch, p.num_heads_q, p.q_len}, DType::kFloat32);
   float* d = delta.data<float>();
   const int64_t Ev = p.head_dim_vo;
-#pragma omp parallel
-  {
+  // Memory-bound: reads dO and O once.
+  const double bytes = 2.0 * static_cast<double>(p.batch * p.num_heads_q * p.q_len * Ev) *
+                       static_cast<double>(element_size(p.out.dtype()));
+  detail::run_region(context.threads_for(p.batch * p.num_heads_q, {0, bytes}), [&] {
     std::vector<float> dout(Ev), out(Ev);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < p.batch; ++b) {
@@ -80,7 +81,7 @@ Tensor rowsum_dout_out(const AttentionParams& p) {
         }
       }
     }
-  }
+  });
   return delta;
 }
 
@@ -89,23 +90,23 @@ Tensor rowsum_dout_out(const AttentionParams& p) {
 constexpr int64_t kHeadPassBytes = int64_t{1} << 30;
 
 // Whether each (batch, kv head) runs whole on one thread (FlashHeadBackward): the heads
-// must keep every thread busy (a multiple of the thread count, or enough of them that
+// must keep the `threads` the work repays busy (a multiple of them, or enough heads that
 // dynamic scheduling evens out the rest) and each thread then holds one group's packed
 // copy and dQ. Both ways give the same bits, so this only chooses speed.
-bool use_head_pass(const AttentionParams& p, bool bf16, bool captured_grads) {
+bool use_head_pass(const AttentionParams& p, int threads, bool bf16, bool captured_grads) {
   if (captured_grads) return false;
-  const int64_t threads = omp_get_max_threads(), heads = p.batch * p.num_heads_kv;
+  const int64_t heads = p.batch * p.num_heads_kv;
   const int64_t dq_bytes =
       4 * p.group_size() * p.q_len * round_up(p.head_dim_qk, kMaxLanes);
   if (threads * (PackedBackwardGroup::bytes(p, bf16) + dq_bytes) > kHeadPassBytes) return false;
   return heads % threads == 0 || heads >= 4 * threads;
 }
 
-void head_pass(const AttentionParams& p, bool bf16, const FlashBackwardKernels& kernels,
-               const float* d, FlexBackward* fg, detail::BackwardOutputs& out) {
+void head_pass(const AttentionParams& p, int threads, bool bf16,
+               const FlashBackwardKernels& kernels, const float* d, FlexBackward* fg,
+               detail::BackwardOutputs& out) {
   detail::ParallelErrors errors;
-#pragma omp parallel
-  {
+  detail::run_region(threads, [&] {
     FlashBackwardScratch scratch(p, fg, bf16);
     std::optional<PackedBackwardGroup> group;
     Tensor dq_acc;
@@ -131,17 +132,27 @@ void head_pass(const AttentionParams& p, bool bf16, const FlashBackwardKernels& 
         errors.capture();
       }
     }
-  }
+  });
   errors.rethrow();
 }
 
 }  // namespace
 
+// S = Q K^T, dP = dO V^T, dV += P^T dO, dK += dS^T Q and dQ += dS K: 2 L S (3 E + 2 Ev)
+// per query head; k and v read as in the forward.
+detail::Work backward_work(const AttentionParams& p) {
+  const double flops = 2.0 * static_cast<double>(p.batch * p.num_heads_q) *
+                       static_cast<double>(p.q_len) * static_cast<double>(p.kv_len) *
+                       static_cast<double>(3 * p.head_dim_qk + 2 * p.head_dim_vo);
+  return {flops, forward_work(p).bytes};
+}
+
 void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
   // Both read the calling thread's capability (a per-thread override in tests).
   const FlashBackwardKernels kernels = flash_backward_kernels_for(active_capability());
   const bool bf16 = uses_bf16_dot(p);
-  const Tensor delta = rowsum_dout_out(p);
+  const detail::ThreadingContext context = detail::ThreadingContext::current();
+  const Tensor delta = rowsum_dout_out(p, context);
   const float* d = delta.data<float>();
   const int64_t kv_blocks = (p.kv_len + kBlockKv - 1) / kBlockKv;
   const int64_t q_blocks = (p.q_len + kBlockQ - 1) / kBlockQ;
@@ -156,16 +167,19 @@ void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
     flex_grad->captured.emplace(flex_grad->program, p.mask.score_mod->captured(), chunks);
   }
   FlexBackward* fg = flex_grad ? &*flex_grad : nullptr;
-  if (use_head_pass(p, bf16, fg && fg->captured->active())) {
-    return head_pass(p, bf16, kernels, d, fg, out);
+  const detail::Work work = backward_work(p);
+  const int head_threads = context.threads_for(p.batch * p.num_heads_kv, work);
+  if (use_head_pass(p, head_threads, bf16, fg && fg->captured->active())) {
+    return head_pass(p, head_threads, bf16, kernels, d, fg, out);
   }
   PackedBackwardGroup group(p, bf16);
   detail::ParallelErrors errors;
   // Per (batch, kv head): pack, then pass 1 over its kv tiles, then pass 2 over the q
   // blocks of its query heads. Every item writes disjoint rows and sums in a fixed order,
-  // so results are bit-identical for any thread count.
-#pragma omp parallel
-  {
+  // so results are bit-identical for any thread count. Its loops have at most
+  // max(kv_blocks, chunks) items each.
+  const int threads = context.threads_for(std::max(kv_blocks, chunks), work);
+  detail::run_region(threads, [&] {
     FlashBackwardScratch scratch(p, fg, bf16);
     for (int64_t bhk = 0; bhk < p.batch * p.num_heads_kv; ++bhk) {
       const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
@@ -204,7 +218,7 @@ void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
         }
       }
     }
-  }
+  });
   errors.rethrow();
   if (fg && fg->captured->active()) out.grad_captured = fg->captured->finish();
 }

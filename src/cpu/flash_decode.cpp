@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "core/threading.h"
+#include "cpu/kernels.h"
 #include "cpu/nan_max.h"
 #include "cpu/rows.h"
 
@@ -68,6 +70,63 @@ int64_t decode_chunk_len(const AttentionParams& p) {
   return len;
 }
 
+namespace {
+
+// Merges the chunks of every row in chunk order (out = sum_c e^(m_c - m) acc_c / l,
+// l = sum_c e^(m_c - m) l_c): fixed order, so any thread count gives the same bits.
+// `base` holds per (group, chunk) item acc [rows, Ev_pad], then max [rows] and sum [rows].
+void merge_chunks(const AttentionParams& p, const detail::ThreadingContext& context,
+                  const float* base, int64_t chunks, const Tensor& out, const Tensor& lse) {
+  const int64_t L = p.q_len, G = p.group_size(), rows = G * L;
+  const int64_t groups = p.batch * p.num_heads_kv;
+  const int64_t ev_pad = round_up(std::max<int64_t>(p.head_dim_vo, 1), kDecodeRowPad);
+  const int64_t item_floats = rows * (ev_pad + 2);
+  float* lse_data = lse.data<float>();
+  // Memory-bound: every partial is read once.
+  const double bytes = 4.0 * static_cast<double>(groups * chunks * item_floats);
+  detail::run_region(context.threads_for(groups, {0, bytes}), [&] {
+#pragma omp for schedule(static)
+    for (int64_t group = 0; group < groups; ++group) {
+      const int64_t b = group / p.num_heads_kv, hk = group % p.num_heads_kv;
+      std::vector<float> row(static_cast<size_t>(ev_pad));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t h = hk * G + r / L, i = r % L;
+        float max = -std::numeric_limits<float>::infinity();
+        for (int64_t c = 0; c < chunks; ++c) {
+          const float* item = base + (group * chunks + c) * item_floats;
+          // A chunk with a NaN score has a NaN sum (its max may be -inf when every score
+          // is NaN): it makes the row's max, and so the row, NaN.
+          const float chunk_sum = item[rows * ev_pad + rows + r];
+          if (!(chunk_sum <= 0.0f)) {
+            max = max_keeping_nan(max, std::isnan(chunk_sum) ? chunk_sum : item[rows * ev_pad + r]);
+          }
+        }
+        std::fill(row.begin(), row.end(), 0.0f);
+        float sum = 0.0f;
+        for (int64_t c = 0; c < chunks && max != -std::numeric_limits<float>::infinity(); ++c) {
+          const float* item = base + (group * chunks + c) * item_floats;
+          const float chunk_sum = item[rows * ev_pad + rows + r];
+          if (chunk_sum <= 0.0f) continue;  // NaN sums go on
+          const float w = std::exp(item[rows * ev_pad + r] - max);
+          sum += w * chunk_sum;
+          const float* acc = item + r * ev_pad;
+          for (int64_t e = 0; e < ev_pad; ++e) row[static_cast<size_t>(e)] += w * acc[e];
+        }
+        float* lse_row = lse_data + (b * p.num_heads_q + h) * L + i;
+        if (!(sum <= 0.0f)) {  // positive or NaN
+          for (float& x : row) x /= sum;
+          *lse_row = max + std::log(sum);
+        } else {  // fully masked row
+          *lse_row = -std::numeric_limits<float>::infinity();
+        }
+        RowView(out, b, h).store(i, row.data());
+      }
+    }
+  });
+}
+
+}  // namespace
+
 void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse) {
   const int64_t L = p.q_len, G = p.group_size(), rows = G * L;
   const int64_t groups = p.batch * p.num_heads_kv;
@@ -85,8 +144,8 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
   float* const base = partials.data<float>();
   detail::ParallelErrors errors;
   const int64_t items = groups * chunks;
-#pragma omp parallel
-  {
+  const detail::ThreadingContext context = detail::ThreadingContext::current();
+  detail::run_region(context.threads_for(items, forward_work(p)), [&] {
     DecodeScratch scratch(p, bf16_dot);
     // Guided: items go out in runs of consecutive chunks of one kv head, shrinking towards
     // the end: a thread reads K and V on across chunk boundaries, its requests running
@@ -105,49 +164,10 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
         errors.capture();
       }
     }
-  }
+  });
   errors.rethrow();
 
-  // Merge the chunks of every row in chunk order (out = sum_c e^(m_c - m) acc_c / l,
-  // l = sum_c e^(m_c - m) l_c): fixed order, so any thread count gives the same bits.
-  float* lse_data = lse.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t group = 0; group < groups; ++group) {
-    const int64_t b = group / p.num_heads_kv, hk = group % p.num_heads_kv;
-    std::vector<float> row(static_cast<size_t>(ev_pad));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t h = hk * G + r / L, i = r % L;
-      float max = -std::numeric_limits<float>::infinity();
-      for (int64_t c = 0; c < chunks; ++c) {
-        const float* item = base + (group * chunks + c) * item_floats;
-        // A chunk with a NaN score has a NaN sum (its max may be -inf when every score
-        // is NaN): it makes the row's max, and so the row, NaN.
-        const float chunk_sum = item[rows * ev_pad + rows + r];
-        if (!(chunk_sum <= 0.0f)) {
-          max = max_keeping_nan(max, std::isnan(chunk_sum) ? chunk_sum : item[rows * ev_pad + r]);
-        }
-      }
-      std::fill(row.begin(), row.end(), 0.0f);
-      float sum = 0.0f;
-      for (int64_t c = 0; c < chunks && max != -std::numeric_limits<float>::infinity(); ++c) {
-        const float* item = base + (group * chunks + c) * item_floats;
-        const float chunk_sum = item[rows * ev_pad + rows + r];
-        if (chunk_sum <= 0.0f) continue;  // NaN sums go on
-        const float w = std::exp(item[rows * ev_pad + r] - max);
-        sum += w * chunk_sum;
-        const float* acc = item + r * ev_pad;
-        for (int64_t e = 0; e < ev_pad; ++e) row[static_cast<size_t>(e)] += w * acc[e];
-      }
-      float* lse_row = lse_data + (b * p.num_heads_q + h) * L + i;
-      if (!(sum <= 0.0f)) {  // positive or NaN
-        for (float& x : row) x /= sum;
-        *lse_row = max + std::log(sum);
-      } else {  // fully masked row
-        *lse_row = -std::numeric_limits<float>::infinity();
-      }
-      RowView(out, b, h).store(i, row.data());
-    }
-  }
+  merge_chunks(p, context, base, chunks, out, lse);
 }
 
 }  // namespace sdpa::cpu

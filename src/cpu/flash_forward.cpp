@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "core/threading.h"
 #include "cpu/bf16_dot.h"
 #include "cpu/flash_decode.h"
 #include "cpu/flash_tile.h"
@@ -58,6 +59,19 @@ FlashScratch::FlashScratch(const AttentionParams& params, bool bf16_dot)
 
 FlashScratch::~FlashScratch() = default;
 
+detail::Work forward_work(const AttentionParams& p) {
+  // S = Q K^T and O = P V: 2 L S (E + Ev) per query head.
+  const double flops = 2.0 * static_cast<double>(p.batch * p.num_heads_q) *
+                       static_cast<double>(p.q_len) * static_cast<double>(p.kv_len) *
+                       static_cast<double>(p.head_dim_qk + p.head_dim_vo);
+  // k and v, read once per kv head (in the decode path, straight from memory).
+  const double kv_bytes = static_cast<double>(p.batch * p.num_heads_kv) *
+                          static_cast<double>(p.kv_len) *
+                          static_cast<double>(p.head_dim_qk + p.head_dim_vo) *
+                          static_cast<double>(element_size(p.k.dtype()));
+  return {flops, kv_bytes};
+}
+
 void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse) {
   if (use_decode_path(p)) return flash_decode(p, out, lse);
   const FlashQBlockFn q_block = flash_q_block_for(active_capability());
@@ -70,17 +84,18 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   // Items done per (batch, kv head): a thread starts a (b, kv head) only once the one
   // PackedKv::kSlots before it is done, whose slot it reuses.
   std::vector<std::atomic<int64_t>> done(static_cast<size_t>(generations));
+  const int64_t items = generations * group_items;
+  const int threads = detail::ThreadingContext::current().threads_for(items, forward_work(p));
   detail::ParallelErrors errors;
   // One loop over the q-blocks of every query head of every (batch, kv head): the threads
   // share a group's q-blocks, packing its k/v tiles on first use, and move on to the next
   // group without waiting for each other. Dynamic scheduling balances causal masks, whose
   // later q-blocks see more keys; monotonic, so every item of a group is taken before any
-  // of a later one and the wait for the slot always ends.
-#pragma omp parallel
-  {
+  // of a later one and the wait for the slot always ends (on one thread, trivially).
+  detail::run_region(threads, [&] {
     FlashScratch scratch(p, bf16_dot);
 #pragma omp for schedule(monotonic : dynamic, 1)
-    for (int64_t item = 0; item < generations * group_items; ++item) {
+    for (int64_t item = 0; item < items; ++item) {
       const int64_t bhk = item / group_items, in_group = item % group_items;
       if (bhk >= PackedKv::kSlots) {
         const std::atomic<int64_t>& previous = done[static_cast<size_t>(bhk - PackedKv::kSlots)];
@@ -95,7 +110,7 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
       }
       done[static_cast<size_t>(bhk)].fetch_add(1, std::memory_order_release);
     }
-  }
+  });
   errors.rethrow();
 }
 

@@ -2,6 +2,7 @@
 // CPU attention kernels. Each writes out [B, Hq, L, Ev] (contiguous, params.dtype) and
 // lse [B, Hq, L] (contiguous float32) completely.
 
+#include "core/threading.h"
 #include "dispatch/kernel_io.h"
 #include "sdpa/params.h"
 
@@ -26,5 +27,11 @@ void math_backward(const AttentionParams& params, detail::BackwardOutputs& outpu
 /// tile, never materializing L x S. Two passes keep it deterministic without atomics:
 /// dK/dV parallel over (batch, kv head, kv block), then dQ over (batch, head, q block).
 void flash_backward(const AttentionParams& params, detail::BackwardOutputs& outputs);
+
+/// The work of the forward (backward) of `params`, which sizes the kernels' thread teams:
+/// the FLOPs of its matrix products and the bytes of k and v (masks not counted, so a
+/// causal call is over-estimated twofold, which matters only near the grain).
+detail::Work forward_work(const AttentionParams& params);
+detail::Work backward_work(const AttentionParams& params);
 
 }  // namespace sdpa::cpu

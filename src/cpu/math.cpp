@@ -6,6 +6,7 @@
 
 #include "core/parallel.h"
 #include "core/scratch.h"
+#include "core/threading.h"
 #include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_rows.h"
@@ -91,8 +92,9 @@ void forward_head(const AttentionParams& p, int64_t b, int64_t h, MathBuffers<Ac
 template <typename Acc>
 void math_forward_typed(const AttentionParams& p, const Tensor& out, const Tensor& lse) {
   detail::ParallelErrors errors;
-#pragma omp parallel
-  {
+  const int threads =
+      detail::ThreadingContext::current().threads_for(p.batch * p.num_heads_q, forward_work(p));
+  detail::run_region(threads, [&] {
     MathBuffers<Acc> buf(p);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < p.batch; ++b) {
@@ -104,7 +106,7 @@ void math_forward_typed(const AttentionParams& p, const Tensor& out, const Tenso
         }
       }
     }
-  }
+  });
   errors.rethrow();
 }
 

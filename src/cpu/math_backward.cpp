@@ -8,6 +8,7 @@
 
 #include "core/parallel.h"
 #include "core/scratch.h"
+#include "core/threading.h"
 #include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_rows.h"
@@ -139,8 +140,8 @@ void math_backward_typed(const AttentionParams& p, detail::BackwardOutputs& out)
     grad->captured.emplace(grad->program, p.mask.score_mod->captured(), items);
   }
   detail::ParallelErrors errors;
-#pragma omp parallel
-  {
+  const int threads = detail::ThreadingContext::current().threads_for(items, backward_work(p));
+  detail::run_region(threads, [&] {
     MathBackwardBuffers<Acc> buf(p, grad ? &*grad : nullptr);
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
@@ -151,7 +152,7 @@ void math_backward_typed(const AttentionParams& p, detail::BackwardOutputs& out)
         errors.capture();
       }
     }
-  }
+  });
   errors.rethrow();
   if (grad && grad->captured->active()) out.grad_captured = grad->captured->finish();
 }

@@ -36,16 +36,25 @@ bool backend_enabled(SDPBackend backend) {
   return false;
 }
 
+namespace {
+
+const char* env_or_unset(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "unset";
+}
+
+}  // namespace
+
 std::string info_text() {
   std::ostringstream os;
-  const char* env_capability = std::getenv("SDPA_CPU_CAPABILITY");
   os << "sdpa " << version() << "\n"
      << "cpu capability: " << backends::cpu::get_cpu_capability() << " (detected "
      << backends::cpu::detected_cpu_capability()
-     << "; SDPA_CPU_CAPABILITY=" << (env_capability != nullptr ? env_capability : "unset")
-     << ")\n"
-     << "openmp: " << omp_get_max_threads() << " threads (" << omp_get_num_procs()
-     << " processors)\n";
+     << "; SDPA_CPU_CAPABILITY=" << env_or_unset("SDPA_CPU_CAPABILITY") << ")\n"
+     << "openmp: " << get_num_threads() << " threads at most per call ("
+     << omp_get_num_procs() << " processors; set_num_threads, else OMP_NUM_THREADS="
+     << env_or_unset("OMP_NUM_THREADS") << "; OMP_WAIT_POLICY="
+     << env_or_unset("OMP_WAIT_POLICY") << ")\n";
   const std::vector<LoadedBackend> plugins = loaded_backends();
   os << "plugins:" << (plugins.empty() ? " none (load with SDPA_BACKENDS)" : "") << "\n";
   for (const LoadedBackend& plugin : plugins) {

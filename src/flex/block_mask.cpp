@@ -6,6 +6,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/threading.h"
 #include "flex/eval_scalar.h"
 #include "flex/interval.h"
 #include "sdpa/error.h"
@@ -50,6 +51,12 @@ void fill_lists(const std::vector<uint8_t>& status, int64_t n_rows, int64_t n_co
 
 constexpr uint8_t kEmpty = 0, kPartial = 1, kFull = 2;
 
+// Work of classifying one block, in the FLOPs one thread of the flash kernels does
+// meanwhile: about 60 ns (a causal mask decided by interval analysis alone,
+// bench/block_mask_build.cpp on one thread) at 50 GFLOP/s. Blocks that need their elements
+// evaluated cost up to 100 times more, so this errs towards too few threads.
+constexpr double kClassifyBlockFlops = 3000;
+
 }  // namespace
 
 BlockMask create_block_mask(const MaskMod& mask_mod, int64_t batch, int64_t num_heads,
@@ -90,30 +97,34 @@ BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_
 
   std::exception_ptr error;
   std::mutex error_mutex;
+  const int threads = detail::ThreadingContext::current().threads_for(
+      nq, {kClassifyBlockFlops * static_cast<double>(nq * nkv), 0});
   for (int64_t item = 0; item < bh; ++item) {
     const int64_t b = item / m.num_heads, h = item % m.num_heads;
     std::vector<uint8_t> status(static_cast<size_t>(nq * nkv));
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t qb = 0; qb < nq; ++qb) {
-      try {
-        const int64_t q0 = qb * block_size, q1 = std::min(q_len, q0 + block_size);
-        for (int64_t kb = 0; kb < nkv; ++kb) {
-          const int64_t k0 = kb * block_size, k1 = std::min(kv_len, k0 + block_size);
-          bool reads_in_bounds = true;
-          BlockVerdict v = classify_block(prog, mask_mod.captured(), b, h, q0, q1 - 1, k0, k1 - 1,
-                                          &reads_in_bounds);
-          if (v == BlockVerdict::kUnknown || !reads_in_bounds) {
-            v = evaluate_block(mask_mod, b, h, q0, q1, k0, k1, !reads_in_bounds);
+    detail::run_region(threads, [&] {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t qb = 0; qb < nq; ++qb) {
+        try {
+          const int64_t q0 = qb * block_size, q1 = std::min(q_len, q0 + block_size);
+          for (int64_t kb = 0; kb < nkv; ++kb) {
+            const int64_t k0 = kb * block_size, k1 = std::min(kv_len, k0 + block_size);
+            bool reads_in_bounds = true;
+            BlockVerdict v = classify_block(prog, mask_mod.captured(), b, h, q0, q1 - 1, k0, k1 - 1,
+                                            &reads_in_bounds);
+            if (v == BlockVerdict::kUnknown || !reads_in_bounds) {
+              v = evaluate_block(mask_mod, b, h, q0, q1, k0, k1, !reads_in_bounds);
+            }
+            status[qb * nkv + kb] = v == BlockVerdict::kFull    ? kFull
+                                    : v == BlockVerdict::kEmpty ? kEmpty
+                                                                : kPartial;
           }
-          status[qb * nkv + kb] = v == BlockVerdict::kFull    ? kFull
-                                  : v == BlockVerdict::kEmpty ? kEmpty
-                                                              : kPartial;
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(error_mutex);
+          if (!error) error = std::current_exception();
         }
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
       }
-    }
+    });
     if (error) std::rethrow_exception(error);
     fill_lists(status, nq, nkv, false, kPartial, m.kv_num_blocks.data<int32_t>() + item * nq,
                m.kv_indices.data<int32_t>() + item * nq * nkv);

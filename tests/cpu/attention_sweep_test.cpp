@@ -5,9 +5,9 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include "common/harness.h"
+#include "common/threads.h"
 
 namespace sdpa::test {
 namespace {
@@ -460,12 +460,11 @@ TEST(EntryPoints, BitIdenticalForAnyThreadCount) {
   c.mask_shape = {2, 1, 200, 170};
   c.dropout_p = 0.2;
   const CaseInputs in = make_inputs(c);
-  const int initial = omp_get_max_threads();
   for (SDPBackend b : {SDPBackend::MATH, SDPBackend::FLASH_ATTENTION}) {
     sdpa_kernel guard(b);
     std::vector<double> first;
     for (int threads : {1, 2, 3}) {
-      omp_set_num_threads(threads);
+      const test::ScopedThreads scoped(threads);
       const AttentionResult r = scaled_dot_product_attention_with_lse(in.q, in.k, in.v, in.options);
       auto got = to_doubles(r.out);
       const auto lse = to_doubles(r.lse);
@@ -477,7 +476,6 @@ TEST(EntryPoints, BitIdenticalForAnyThreadCount) {
       }
     }
   }
-  omp_set_num_threads(initial);
 }
 
 // The flash forward lets threads start the next (batch, kv head)s while others finish
@@ -495,17 +493,15 @@ TEST(EntryPoints, FlashThreadsRunAheadAcrossKvHeads) {
   c.causal = true;
   c.dtype = DType::kFloat16;
   const CaseInputs in = make_inputs(c);
-  const int initial = omp_get_max_threads();
   sdpa_kernel guard(SDPBackend::FLASH_ATTENTION);
   for (int threads : {2, 3, 5}) {
-    omp_set_num_threads(threads);
+    const test::ScopedThreads scoped(threads);
     for (int rep = 0; rep < 4; ++rep) {
       const AttentionResult r = scaled_dot_product_attention_with_lse(in.q, in.k, in.v, in.options);
       EXPECT_TRUE(matches_reference(r.out, r.lse, in.ref, c.dtype, false))
           << threads << " threads, repetition " << rep;
     }
   }
-  omp_set_num_threads(initial);
 }
 
 }  // namespace

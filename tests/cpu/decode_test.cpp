@@ -5,12 +5,12 @@
 // threads; the same dropout mask as MATH.
 
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cstring>
 
 #include "common/capability.h"
 #include "common/harness.h"
+#include "common/threads.h"
 #include "cpu/flash_decode.h"
 #include "sdpa/attn_bias.h"
 
@@ -28,12 +28,14 @@ void expect_flash_ran(const Case& c, const CaseReport& r) {
 void expect_thread_count_invariant(const Tensor& q, const Tensor& k, const Tensor& v,
                                    const SDPAOptions& options) {
   const sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const AttentionResult one = scaled_dot_product_attention_with_lse(q, k, v, options);
-  omp_set_num_threads(2);
-  const AttentionResult two = scaled_dot_product_attention_with_lse(q, k, v, options);
-  omp_set_num_threads(threads);
+  const AttentionResult one = [&] {
+    const ScopedThreads scoped(1);
+    return scaled_dot_product_attention_with_lse(q, k, v, options);
+  }();
+  const AttentionResult two = [&] {
+    const ScopedThreads scoped(2);
+    return scaled_dot_product_attention_with_lse(q, k, v, options);
+  }();
   EXPECT_EQ(std::memcmp(one.out.data_ptr(), two.out.data_ptr(), one.out.numel() * 2), 0);
   EXPECT_EQ(std::memcmp(one.lse.data_ptr(), two.lse.data_ptr(), one.lse.numel() * 4), 0);
 }

@@ -4,7 +4,6 @@
 // number of OpenMP threads.
 
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -225,7 +224,6 @@ TEST(FlexCapturedGrads, DeterministicAcrossThreadCounts) {
   const BlockMask bm = sdpa::flex::create_block_mask(mods::causal(), B, Hq, L, S, 64);
   SDPAOptions opts;
   opts.enable_gqa = true;
-  const int saved_threads = omp_get_max_threads();
   // A float64 table keeps the float64 partial sums' order visible (a float32 result would
   // round most order differences away).
   for (DType table_dtype : {DType::kFloat32, DType::kFloat64})
@@ -237,7 +235,7 @@ TEST(FlexCapturedGrads, DeterministicAcrossThreadCounts) {
     sdpa::sdpa_kernel guard(backend);
     std::vector<std::vector<uint8_t>> grads;
     for (int threads : {1, 2, 3, 2}) {
-      omp_set_num_threads(threads);
+      const OmpThreadsGuard guard(threads);
       const auto r = sdpa::flex_attention(q, k, v, sm, &bm, opts);
       const auto g = sdpa::flex_attention_backward(dout, q, k, v, r.out, r.lse, sm, &bm, opts);
       ASSERT_EQ(g.grad_captured.size(), 1u);
@@ -250,7 +248,6 @@ TEST(FlexCapturedGrads, DeterministicAcrossThreadCounts) {
       EXPECT_TRUE(grads[n] == grads[0]) << "grad_captured differs between thread-count runs 0 and " << n;
     }
   }
-  omp_set_num_threads(saved_threads);
 }
 
 }  // namespace

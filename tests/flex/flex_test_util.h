@@ -14,7 +14,6 @@
 // grad_q 8, captured-tensor gradients 8 (the backward chains more roundings).
 
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -28,6 +27,7 @@
 #include <vector>
 
 #include "common/capability.h"
+#include "common/threads.h"
 #include "sdpa/flex.h"
 #include "sdpa/flex_attention.h"
 #include "sdpa/sdpa.h"
@@ -306,19 +306,9 @@ inline RefGrads reference_backward(const Tensor& dout, const Tensor& q, const Te
   return g;
 }
 
-/// RAII: runs the library's OpenMP regions on `threads` threads, restoring the previous
-/// setting after. Used around loops of many tiny calls (finite differences), where a
-/// region's fork/join costs more than its work on a loaded machine.
-class OmpThreadsGuard {
- public:
-  explicit OmpThreadsGuard(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
-  ~OmpThreadsGuard() { omp_set_num_threads(saved_); }
-  OmpThreadsGuard(const OmpThreadsGuard&) = delete;
-  OmpThreadsGuard& operator=(const OmpThreadsGuard&) = delete;
-
- private:
-  int saved_;
-};
+/// RAII: runs the library's OpenMP regions on `threads` threads (every region parallel),
+/// restoring the previous setting after (common/threads.h).
+using OmpThreadsGuard = sdpa::test::ScopedThreads;
 
 /// A float32 [n] tensor from values.
 inline Tensor float_tensor(const std::vector<float>& v) {

@@ -3,12 +3,12 @@
 // recorded in the params.
 
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <string>
 #include <vector>
 
 #include "attention_test_util.h"
+#include "common/threads.h"
 
 namespace sdpa_test {
 namespace {
@@ -16,15 +16,7 @@ namespace {
 using sdpa::SDPAOptions;
 using sdpa::SDPBackend;
 
-// Restores the OpenMP thread count on scope exit.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~ScopedThreads() { omp_set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
+using sdpa::test::ScopedThreads;
 
 struct DetCase {
   std::string name;

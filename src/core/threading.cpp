@@ -1,0 +1,89 @@
+// The process-wide thread settings behind sdpa::set_num_threads and the work grain.
+
+#include "core/threading.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+
+#include "sdpa/error.h"
+#include "sdpa/threading.h"
+
+namespace sdpa {
+namespace {
+
+// 0: follow OpenMP (omp_get_max_threads of the calling thread).
+std::atomic<int> g_num_threads{0};
+
+// SDPA_GRAIN_SCALE retunes the grain for another host (or 0: every region parallel, as
+// the grain measurement needs); a value that does not parse, or a negative one, is 1.
+double grain_scale_from_env() {
+  const char* text = std::getenv("SDPA_GRAIN_SCALE");
+  if (text == nullptr) return 1.0;
+  char* end = nullptr;
+  const double scale = std::strtod(text, &end);
+  return end != text && scale >= 0 ? scale : 1.0;
+}
+
+std::atomic<double> g_grain_scale{grain_scale_from_env()};
+
+// The load average and processor count, read at most every 100 ms: getloadavg reads
+// /proc/loadavg (a few microseconds), too much for every small call. Racing readers may
+// both refresh; either pair of values is fine.
+constexpr int64_t kLoadRefreshNs = 100'000'000;
+std::atomic<int64_t> g_load_read_ns{-kLoadRefreshNs - 1};  // never read
+std::atomic<double> g_load{0};
+std::atomic<int> g_processors{1};
+
+int threads_for_load(int budget) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  if (now - g_load_read_ns.load(std::memory_order_relaxed) > kLoadRefreshNs) {
+    double load = 0;
+    g_load.store(getloadavg(&load, 1) == 1 ? load : 0.0, std::memory_order_relaxed);
+    g_processors.store(omp_get_num_procs(), std::memory_order_relaxed);
+    g_load_read_ns.store(now, std::memory_order_relaxed);
+  }
+  return detail::threads_beside_load(budget, g_processors.load(std::memory_order_relaxed),
+                                     g_load.load(std::memory_order_relaxed));
+}
+
+}  // namespace
+
+void set_num_threads(int n) {
+  SDPA_CHECK(n >= 1, "set_num_threads: n: expected >= 1, got ", n);
+  g_num_threads.store(n, std::memory_order_relaxed);
+}
+
+int get_num_threads() {
+  const int n = g_num_threads.load(std::memory_order_relaxed);
+  return n > 0 ? n : omp_get_max_threads();
+}
+
+namespace detail {
+
+ThreadingContext ThreadingContext::current() {
+  const double scale = g_grain_scale.load(std::memory_order_relaxed);
+  const int budget = get_num_threads();
+  return ThreadingContext(budget, scale,
+                          budget > 1 && scale > 0 ? threads_for_load(budget) : budget);
+}
+
+int threads_beside_load(int budget, int processors, double load) {
+  const double others = std::max(0.0, load - budget);
+  return std::clamp(static_cast<int>(std::floor(processors - others)), 1, std::max(budget, 1));
+}
+
+double set_grain_scale(double scale) {
+  return g_grain_scale.exchange(scale, std::memory_order_relaxed);
+}
+
+void clear_num_threads() { g_num_threads.store(0, std::memory_order_relaxed); }
+
+}  // namespace detail
+}  // namespace sdpa
