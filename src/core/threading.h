@@ -69,7 +69,9 @@ class ThreadingContext {
       const double grains = std::max(work.flops / (grain_scale_ * kGrainFlops),
                                      work.bytes / (grain_scale_ * kGrainBytes));
       limit = std::min(limit, grains);
-      if (grains < kLoadCapMaxGrains) limit = std::min(limit, double{threads_beside_load_});
+      if (grains < kLoadCapMaxGrains) {
+        limit = std::min(limit, static_cast<double>(threads_beside_load_));
+      }
     }
     return std::max(1, static_cast<int>(limit));
   }
