@@ -36,7 +36,9 @@ FlashScratch::FlashScratch(const AttentionParams& params, bool bf16_dot)
                            std::max(head_dim_qk, head_dim_vo),
                            bf16_dot ? kBlockQ * head_dim_qk_pairs2 / 2 : 0,
                            bf16_dot ? kBlockQ * kBlockKv / 2 : 0,
-                           kBlockQ * 16};
+                           kBlockQ * 16,
+                           kBlockQ * head_dim_vo_padded,
+                           kBlockQ};
   int64_t total = 0;
   for (int64_t s : sizes) total += round_up(s, kMaxLanes);
   buffer_ = Tensor::empty({total}, DType::kFloat32);
@@ -55,6 +57,8 @@ FlashScratch::FlashScratch(const AttentionParams& params, bool bf16_dot)
   q_bf16 = reinterpret_cast<uint16_t*>(slots[6]);
   p_bf16 = reinterpret_cast<uint16_t*>(slots[7]);
   sum_lanes = slots[8];
+  acc_partial = slots[9];
+  row_sum_partial = slots[10];
 }
 
 FlashScratch::~FlashScratch() = default;

@@ -74,11 +74,22 @@ void ScoresAndSoftmax(const AttentionParams& p, const DenseMaskRows& dense, Flas
   }
   if constexpr (Target::kBf16Dot) {
     if (p_in_bf16) {
-      Target::SoftmaxToBf16(ws.scores, rows, score_scale, ws.row_max, ws.row_sum, alpha, ws.p_bf16);
+      Target::SoftmaxToBf16(ws.scores, rows, score_scale, ws.row_max, ws.row_sum_partial, alpha,
+                            ws.p_bf16);
       return;
     }
   }
-  SoftmaxTile(ws.scores, rows, tr.support, score_scale, ws.row_max, ws.row_sum, alpha);
+  SoftmaxTile(ws.scores, rows, tr.support, score_scale, ws.row_max, ws.row_sum_partial, alpha);
+}
+
+// Adds the partial row sums of the last key tiles (kTilesPerPartialSum) into row_sum, and
+// with `acc_partial` their partial output rows into acc; zeroes what it added.
+HWY_INLINE void AddPartialSums(FlashScratch& ws, int64_t rows, bool acc_partial) {
+  if (acc_partial) AddAndZero(ws.acc_partial, ws.acc, rows * ws.head_dim_vo_padded);
+  for (int64_t r = 0; r < rows; ++r) {
+    ws.row_sum[r] += ws.row_sum_partial[r];
+    ws.row_sum_partial[r] = 0.0f;
+  }
 }
 
 // FlashQBlock's body, on the target's traits (TargetKernels): a template so that the
@@ -107,14 +118,17 @@ HWY_INLINE void FlashQBlockWith(const AttentionParams& p, const PackedKv& kv, in
     pack_rows(q_rows, q_begin, rows, E, E, ws.q, scale);
   }
   std::fill(ws.acc, ws.acc + rows * ev_pad, 0.0f);
+  std::fill(ws.acc_partial, ws.acc_partial + rows * ev_pad, 0.0f);
+  int64_t partial_tiles = 0;  // key tiles summed in acc_partial
   // All kBlockQ entries: SoftmaxTile reads whole vectors of rows.
   std::fill(ws.row_max, ws.row_max + kBlockQ, kNegInf);
   std::fill(ws.row_sum, ws.row_sum + kBlockQ, 0.0f);
+  std::fill(ws.row_sum_partial, ws.row_sum_partial + kBlockQ, 0.0f);
 
   for (int64_t r = 0; r < rows; ++r) {
     ws.row_keys[r] = row_columns(p.mask, b, q_begin + r, L, S);
   }
-  // Whether sum_lanes holds row sums not yet in row_sum (fused tiles).
+  // Whether sum_lanes holds row sums not yet in row_sum_partial (fused tiles).
   bool sums_in_lanes = false;
   if constexpr (Target::kFusedTiles) std::fill(ws.sum_lanes, ws.sum_lanes + rows * 16, 0.0f);
 
@@ -159,14 +173,15 @@ HWY_INLINE void FlashQBlockWith(const AttentionParams& p, const PackedKv& kv, in
       if (fused) {
         if (bf16) {
           Target::QkSoftmaxBf16(ws.q_bf16, e2, rows, t.k_pairs, e2 / 2, scale, ws.row_max,
-                                ws.row_sum, ws.sum_lanes, alpha, ws.p_bf16);
+                                ws.row_sum_partial, ws.sum_lanes, alpha, ws.p_bf16);
         } else {
-          Target::QkSoftmaxF32(ws.q, E, rows, t.k_t, E, ws.row_max, ws.row_sum, ws.sum_lanes, alpha,
+          Target::QkSoftmaxF32(ws.q, E, rows, t.k_t, E, ws.row_max, ws.row_sum_partial,
+                               ws.sum_lanes, alpha,
                                ws.scores);
         }
         sums_in_lanes = true;
       } else if (sums_in_lanes) {
-        Target::FoldLaneSums(rows, ws.sum_lanes, ws.row_sum);
+        Target::FoldLaneSums(rows, ws.sum_lanes, ws.row_sum_partial);
         sums_in_lanes = false;
       }
     }
@@ -176,7 +191,11 @@ HWY_INLINE void FlashQBlockWith(const AttentionParams& p, const PackedKv& kv, in
       ScoresAndSoftmax<Target>(p, dense, ws, t, b, h, tile_rows, needs_mask, p_in_bf16, alpha);
     }
     for (int64_t r = 0; r < rows; ++r) {
-      if (alpha[r] != 1.0f) ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha[r]);
+      if (alpha[r] != 1.0f) {  // the softmax rescaled row_sum_partial itself
+        ScaleRow(ws.acc + r * ev_pad, ev_pad, alpha[r]);
+        ScaleRow(ws.acc_partial + r * ev_pad, ev_pad, alpha[r]);
+        ws.row_sum[r] *= alpha[r];
+      }
       if (p.has_dropout()) {
         const int64_t element = ((b * p.num_heads_q + h) * L + q_begin + r) * S + j0;
         DropoutStream(p.dropout.philox, p.dropout.p)
@@ -189,18 +208,25 @@ HWY_INLINE void FlashQBlockWith(const AttentionParams& p, const PackedKv& kv, in
       for (int64_t r = 0; r < rows && !p_in_bf16; ++r) {
         ConvertRowToBf16(ws.scores + r * kBlockKv, ws.p_bf16 + r * kBlockKv, kBlockKv);
       }
+      // Straight into acc: P's bf16 rounding (2^-9) dwarfs the accumulator's, and the
+      // partial sums cost the bf16 forward 2%.
       Bf16Gemm(rows, ev_pad, kBlockKv / 2, ws.p_bf16, kBlockKv, t.v_pairs, ws.acc, ev_pad, true);
     } else if (trimmed) {
-      GemmAccumulateRowSupport(rows, ev_pad, ws.scores, kBlockKv, t.v, t.v_ld, ws.acc, ev_pad,
-                               support);
+      GemmAccumulateRowSupport(rows, ev_pad, ws.scores, kBlockKv, t.v, t.v_ld, ws.acc_partial,
+                               ev_pad, support);
     } else {
-      Gemm(rows, ev_pad, cols, ws.scores, kBlockKv, t.v, t.v_ld, ws.acc, ev_pad, true);
+      Gemm(rows, ev_pad, cols, ws.scores, kBlockKv, t.v, t.v_ld, ws.acc_partial, ev_pad, true);
+    }
+    if (++partial_tiles == kTilesPerPartialSum) {
+      AddPartialSums(ws, rows, !bf16);
+      partial_tiles = 0;
     }
   }
 
   if constexpr (Target::kFusedTiles) {
-    if (sums_in_lanes) Target::FoldLaneSums(rows, ws.sum_lanes, ws.row_sum);
+    if (sums_in_lanes) Target::FoldLaneSums(rows, ws.sum_lanes, ws.row_sum_partial);
   }
+  AddPartialSums(ws, rows, !bf16);
   const RowView out_rows(out, b, h);
   float* lse_row = lse.data<float>() + (b * p.num_heads_q + h) * L + q_begin;
   for (int64_t r = 0; r < rows; ++r) {

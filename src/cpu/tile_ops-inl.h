@@ -190,6 +190,15 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
   }
 }
 
+/// sum[0, n) += partial[0, n), then partial[0, n) = 0; n a multiple of the vector width.
+HWY_INLINE void AddAndZero(float* HWY_RESTRICT partial, float* HWY_RESTRICT sum, int64_t n) {
+  const hn::ScalableTag<float> d;
+  for (int64_t j = 0; j < n; j += static_cast<int64_t>(hn::Lanes(d))) {
+    hn::StoreU(hn::Add(hn::LoadU(d, sum + j), hn::LoadU(d, partial + j)), d, sum + j);
+    hn::StoreU(hn::Zero(d), d, partial + j);
+  }
+}
+
 /// Whether scores [first, last) hold a NaN. Asked only of rows with no finite score, where
 /// the row max (-inf) cannot carry it: Highway's Max may return the non-NaN operand.
 HWY_INLINE bool HasNaN(const float* first, const float* last) {
