@@ -26,6 +26,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 from torch.utils import _python_dispatch
+from torch.utils import dlpack as _dlpack
 
 from . import _C
 from .attention import bias as _bias
@@ -46,14 +47,29 @@ def _unsigned(s: int) -> int:
     return s + _U64 if s < 0 else s
 
 
+def _capsule(t: Tensor) -> Any:
+    """A DLPack capsule of `t` (read only by sdpa) through torch's C-level export:
+    Tensor.__dlpack__'s Python checks cost about 2 us a tensor, a tiny call's whole kernel
+    time."""
+    return _dlpack.to_dlpack(t.detach() if t.requires_grad else t)
+
+
+def _from_sdpa(t: "_C.Tensor") -> Tensor:
+    return _dlpack.from_dlpack(t.__dlpack__())
+
+
 def _run(query, key, value, attn_mask, bias, dropout_p, is_causal, scale, enable_gqa,
          dropout_seed, dropout_offset):
     """The op's work on real tensors: (out, lse, backend, (seed, offset) unsigned)."""
-    mask = attn_mask if attn_mask is not None else (_bias.from_spec(bias) if bias else None)
+    if attn_mask is not None:
+        mask = _capsule(attn_mask)
+    else:
+        mask = _bias.from_spec(bias) if bias else None
     state = None if dropout_offset < 0 else (_unsigned(dropout_seed), dropout_offset)
     out, lse, backend, drawn = _C.attention(
-        query, key, value, mask, dropout_p, is_causal, scale, enable_gqa, None, state)
-    return torch.from_dlpack(out), torch.from_dlpack(lse), backend, tuple(drawn)
+        _capsule(query), _capsule(key), _capsule(value), mask, dropout_p, is_causal, scale,
+        enable_gqa, None, state)
+    return _from_sdpa(out), _from_sdpa(lse), backend, tuple(drawn)
 
 
 @torch.library.custom_op("sdpa::attention", mutates_args=())
@@ -90,11 +106,14 @@ def _attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Ten
     if dropout_p > 0:
         seed, offset = info[0].item(), info[1].item()
         state = (_unsigned(seed), offset)
+    if attn_mask is not None:
+        mask = _capsule(attn_mask)
     gq, gk, gv, gm, _ = _C.attention_backward(
-        grad_out, query, key, value, out, lse, mask, dropout_p, is_causal, scale, enable_gqa,
-        state, attn_mask_requires_grad)
-    grad_mask = torch.from_dlpack(gm) if gm is not None else query.new_empty((0,))
-    return torch.from_dlpack(gq), torch.from_dlpack(gk), torch.from_dlpack(gv), grad_mask
+        _capsule(grad_out), _capsule(query), _capsule(key), _capsule(value), _capsule(out),
+        _capsule(lse), mask, dropout_p, is_causal, scale, enable_gqa, state,
+        attn_mask_requires_grad)
+    grad_mask = _from_sdpa(gm) if gm is not None else query.new_empty((0,))
+    return _from_sdpa(gq), _from_sdpa(gk), _from_sdpa(gv), grad_mask
 
 
 @_attention_backward.register_fake
