@@ -17,6 +17,7 @@
 #include <random>
 
 #include "common/capability.h"
+#include "common/harness.h"
 #include "common/reference.h"
 #include "sdpa/attn_bias.h"
 #include "sdpa/sdpa.h"
@@ -26,10 +27,7 @@ namespace {
 
 Tensor normal_tensor(const Shape& shape, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::normal_distribution<float> dist;
-  Tensor t = Tensor::empty(shape, DType::kFloat32);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
-  return t;
+  return random_tensor(shape, DType::kFloat32, Layout::kBHSD, rng);
 }
 
 double relative_error(const Tensor& out, const std::vector<double>& ref) {
