@@ -39,7 +39,8 @@ bool run_checks(const BackendImpl& impl, const AttentionParams& params, Reasons&
 
 void forward_into(const BackendImpl& impl, const AttentionParams& params, const Tensor& out,
                   const Tensor& lse) {
-  SDPA_CHECK(impl.forward != nullptr, backend_name(impl.id), " has no forward kernel in this build");
+  SDPA_CHECK(impl.forward != nullptr, backend_name(impl.id),
+             " has no forward kernel in this build");
   check_host(params, impl);
   impl.forward(impl.native_bias ? params : with_materialized_bias(params), out, lse);
 }
