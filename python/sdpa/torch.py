@@ -171,25 +171,30 @@ def _mask_args(attn_mask: Any, query: Tensor,
     return dense.to(query.device), None
 
 
+# Looked up once: _runs_eagerly runs on every call (getattr on torch modules costs
+# microseconds); a torch without either cannot tell, and every call goes through the op.
+_is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+_in_dispatch_mode = getattr(_python_dispatch, "is_in_torch_dispatch_mode", None)
+
+
 def _runs_eagerly(*tensors: Optional[Tensor]) -> bool:
     """Whether a call may run the kernel directly instead of through the sdpa::attention
     op: plain CPU tensors, none needing a gradient, and nothing that records or redirects
     torch calls (torch.compile, __torch_function__ subclasses and modes, dispatch modes
     such as FakeTensorMode or make_fx's tracer, functorch transforms). The op's dispatch
     and autograd wrapper cost 25-60 us a call, more than a short decode step's kernel."""
+    if _is_functorch_wrapped is None or _in_dispatch_mode is None:
+        return False
     if torch.compiler.is_compiling():
         return False
     grad = torch.is_grad_enabled()
-    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
     for t in tensors:
         if t is None:
             continue
-        if (type(t) is not Tensor or t.device.type != "cpu" or (grad and t.requires_grad)
-                or wrapped is None or wrapped(t)):
+        if (type(t) is not Tensor or not t.is_cpu or (grad and t.requires_grad)
+                or _is_functorch_wrapped(t)):
             return False
-    in_dispatch_mode = getattr(_python_dispatch, "is_in_torch_dispatch_mode", None)
-    return (in_dispatch_mode is not None and not in_dispatch_mode()
-            and not torch.overrides.has_torch_function(tensors))
+    return not _in_dispatch_mode() and not torch.overrides.has_torch_function(tensors)
 
 
 def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, generator,

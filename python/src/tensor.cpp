@@ -160,7 +160,10 @@ Tensor import_tensor(nb::handle obj, const char* arg) {
 }
 
 Tensor import_array(nb::handle obj, const char* arg) {
-  if (nb::isinstance<Tensor>(obj)) return nb::cast<const Tensor&>(obj);
+  // Capsules (sdpa.torch exports torch tensors itself) skip the Python helper's call.
+  if (nb::isinstance<Tensor>(obj) || PyCapsule_CheckExact(obj.ptr())) {
+    return import_tensor(obj, arg);
+  }
   // sdpa._convert.to_capsule, looked up once. A plain pointer guarded by the GIL rather
   // than a function-local static: a static's init lock, held across an import that drops
   // the GIL, can deadlock against a second thread. Never released (the interpreter may be
