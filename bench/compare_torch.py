@@ -57,6 +57,7 @@ class Case:
     causal: bool
     backward: bool = False
     calls: int = 1  # calls per timed sample: small calls are timed in batches
+    autograd: bool = False  # forward + backward through each library's autograd
 
 
     def flops(self) -> float:
@@ -98,10 +99,13 @@ def table_cases(quick: bool) -> list[Case]:
 
 
 def small_cases() -> list[Case]:
-    """Issue 27's small calls: q/k/v [1, 1, 1, 8], the MiniLM layer [5, 12, 27, 32] and a
-    Llama-7B decode step, q [1, 32, 1, 128] with k/v [1, 32, 128, 128]."""
+    """Issue 27's small calls: q/k/v [1, 1, 1, 8], the MiniLM layer [5, 12, 27, 32] (also
+    forward + backward through autograd, inputs requiring grad) and a Llama-7B decode step,
+    q [1, 32, 1, 128] with k/v [1, 32, 128, 128]."""
     return [Case("small-tiny", 1, 1, 1, 1, 1, 8, "float32", False, calls=200),
             Case("small-minilm", 5, 12, 12, 27, 27, 32, "float32", False, calls=20),
+            Case("small-minilm-grad", 5, 12, 12, 27, 27, 32, "float32", False, calls=10,
+                 autograd=True),
             Case("small-llama", 1, 32, 32, 1, 128, 128, "float32", False, calls=20)]
 
 
@@ -124,6 +128,21 @@ def callables(c: Case):
     relative disagreement of their results."""
     q, k, v = make_inputs(c)
     gqa = c.heads_q != c.heads_kv
+    if c.autograd:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        grad = torch.randn(c.batch, c.heads_q, c.q_len, c.head_dim,
+                           generator=torch.Generator().manual_seed(1)).to(DTYPES[c.dtype])
+
+        def through(attention):
+            def call():
+                out = attention(*leaves, is_causal=c.causal, enable_gqa=gqa)
+                return torch.autograd.grad(out, leaves, grad)
+            return call
+
+        torch_fn = through(F.scaled_dot_product_attention)
+        sdpa_fn = through(sdpa.scaled_dot_product_attention)
+        return torch_fn, sdpa_fn, lambda: max(
+            rel_error(a, b) for a, b in zip(sdpa_fn(), torch_fn()))
     if not c.backward:
         def torch_fn():
             return F.scaled_dot_product_attention(q, k, v, is_causal=c.causal, enable_gqa=gqa)

@@ -101,19 +101,30 @@ def _attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Ten
                         scale: Optional[float], enable_gqa: bool,
                         attn_mask_requires_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Returns (grad_q, grad_k, grad_v, grad_attn_mask or an empty tensor)."""
-    mask = attn_mask if attn_mask is not None else (_bias.from_spec(bias) if bias else None)
     state = None
     if dropout_p > 0:
         seed, offset = info[0].item(), info[1].item()
         state = (_unsigned(seed), offset)
+    gq, gk, gv, gm = _run_backward(grad_out, query, key, value, out, lse, attn_mask, bias,
+                                   dropout_p, is_causal, scale, enable_gqa, state,
+                                   attn_mask_requires_grad)
+    return gq, gk, gv, (gm if gm is not None else query.new_empty((0,)))
+
+
+def _run_backward(grad_out, query, key, value, out, lse, attn_mask, bias, dropout_p,
+                  is_causal, scale, enable_gqa, state, attn_mask_requires_grad):
+    """The backward's work on real tensors: (grad_q, grad_k, grad_v, grad_attn_mask or
+    None); `state` is the forward's (seed, offset) unsigned, or None without dropout."""
     if attn_mask is not None:
         mask = _capsule(attn_mask)
+    else:
+        mask = _bias.from_spec(bias) if bias else None
     gq, gk, gv, gm, _ = _C.attention_backward(
         _capsule(grad_out), _capsule(query), _capsule(key), _capsule(value), _capsule(out),
         _capsule(lse), mask, dropout_p, is_causal, scale, enable_gqa, state,
         attn_mask_requires_grad)
-    grad_mask = _from_sdpa(gm) if gm is not None else query.new_empty((0,))
-    return _from_sdpa(gq), _from_sdpa(gk), _from_sdpa(gv), grad_mask
+    return (_from_sdpa(gq), _from_sdpa(gk), _from_sdpa(gv),
+            _from_sdpa(gm) if gm is not None else None)
 
 
 @_attention_backward.register_fake
@@ -144,6 +155,38 @@ def _backward(ctx, grad_out, grad_lse, grad_info):
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The sdpa::attention op's forward and backward as a plain autograd.Function, for
+    eager calls that need gradients and that nothing records (_autograd_eagerly): the same
+    kernels and dropout replay without the custom op's dispatch, which cost the MiniLM
+    layer shape [5, 12, 27, 32] about 400 us per forward + backward. `info` (a list)
+    receives (backend, (seed, offset))."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, bias, dropout_p, is_causal, scale,
+                enable_gqa, dropout_seed, dropout_offset, info):
+        out, lse, backend, drawn = _run(query, key, value, attn_mask, bias, dropout_p,
+                                        is_causal, scale, enable_gqa, dropout_seed,
+                                        dropout_offset)
+        info.extend((backend, drawn))
+        ctx.save_for_backward(query, key, value, attn_mask, out, lse)
+        ctx.options = (bias, dropout_p, is_causal, scale, enable_gqa,
+                       drawn if dropout_p > 0 else None)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out, grad_lse):
+        query, key, value, attn_mask, out, lse = ctx.saved_tensors
+        bias, dropout_p, is_causal, scale, enable_gqa, state = ctx.options
+        mask_grad = attn_mask is not None and ctx.needs_input_grad[3]
+        gq, gk, gv, gm = _run_backward(grad_out, query, key, value, out, lse, attn_mask, bias,
+                                       dropout_p, is_causal, scale, enable_gqa, state,
+                                       mask_grad)
+        return gq, gk, gv, (gm if mask_grad else None), *(None,) * 8
 
 
 def _mask_args(attn_mask: Any, query: Tensor,
@@ -177,30 +220,44 @@ _is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tenso
 _in_dispatch_mode = getattr(_python_dispatch, "is_in_torch_dispatch_mode", None)
 
 
-def _runs_eagerly(*tensors: Optional[Tensor]) -> bool:
-    """Whether a call may run the kernel directly instead of through the sdpa::attention
-    op: plain CPU tensors, none needing a gradient, and nothing that records or redirects
-    torch calls (torch.compile, __torch_function__ subclasses and modes, dispatch modes
-    such as FakeTensorMode or make_fx's tracer, functorch transforms). The op's dispatch
-    and autograd wrapper cost 25-60 us a call, more than a short decode step's kernel."""
+def _records_nothing(*tensors: Optional[Tensor]) -> bool:
+    """Whether a call on these tensors may skip the sdpa::attention op: plain CPU tensors
+    and nothing that records or redirects torch calls (torch.compile, __torch_function__
+    subclasses and modes, dispatch modes such as FakeTensorMode or make_fx's tracer,
+    functorch transforms). The op's dispatch and autograd wrapper cost 25-60 us a call,
+    more than a short decode step's kernel."""
     if _is_functorch_wrapped is None or _in_dispatch_mode is None:
         return False
     if torch.compiler.is_compiling():
         return False
-    grad = torch.is_grad_enabled()
     for t in tensors:
         if t is None:
             continue
-        if (type(t) is not Tensor or not t.is_cpu or (grad and t.requires_grad)
-                or _is_functorch_wrapped(t)):
+        if type(t) is not Tensor or not t.is_cpu or _is_functorch_wrapped(t):
             return False
     return not _in_dispatch_mode() and not torch.overrides.has_torch_function(tensors)
 
 
+def _needs_grad(*tensors: Optional[Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _runs_eagerly(*tensors: Optional[Tensor]) -> bool:
+    """Whether a call runs the kernel directly: it records nothing (_records_nothing) and
+    no tensor needs a gradient."""
+    return _records_nothing(*tensors) and not _needs_grad(*tensors)
+
+
+def _autograd_eagerly(*tensors: Optional[Tensor]) -> bool:
+    """Whether a call that needs gradients runs through _EagerAttention instead of the op."""
+    return _records_nothing(*tensors) and _needs_grad(*tensors)
+
+
 def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, generator,
           dropout_state):
-    """Returns (out, lse, info): through the op unless _runs_eagerly, info then being the
-    op's int64 [seed, offset, backend] tensor, else (backend, (seed, offset))."""
+    """Returns (out, lse, info): the kernel directly (_runs_eagerly), through
+    _EagerAttention (_autograd_eagerly) or else through the op; info is the op's int64
+    [seed, offset, backend] tensor, or (backend, (seed, offset)) without the op."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor like query, got "
@@ -218,6 +275,10 @@ def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
     if _runs_eagerly(query, key, value, mask):
         out, lse, backend, drawn = _run(*args)
         return out, lse, (backend, drawn)
+    if _autograd_eagerly(query, key, value, mask):
+        info = []
+        out, lse = _EagerAttention.apply(*args, info)
+        return out, lse, tuple(info)
     return torch.ops.sdpa.attention(*args)
 
 

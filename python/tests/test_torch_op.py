@@ -263,7 +263,8 @@ print("ok")
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
-# ---- eager calls that need no gradient skip the op (sdpa.torch._runs_eagerly) ----------
+# ---- eager calls skip the op: without gradients the kernel runs directly
+# (sdpa.torch._runs_eagerly), with gradients through sdpa.torch._EagerAttention --------
 
 def _eager_vs_op_cases():
     q, k, v = qkv(2, 4, 7, 16, s=65, hkv=2, grad=False, seed=3)
@@ -275,23 +276,66 @@ def _eager_vs_op_cases():
     ]
 
 
+def _through_op(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
+                dropout_p=0.0):
+    """(out, lse) of the sdpa::attention op itself, differentiable through its autograd."""
+    mask, spec = sdpa.torch._mask_args(attn_mask, q, k)
+    out, lse, _ = torch.ops.sdpa.attention(q, k, v, mask, spec, dropout_p, is_causal, scale,
+                                           enable_gqa, 0, -1)
+    return out, lse
+
+
 @pytest.mark.parametrize("case", range(3))
 def test_eager_calls_without_gradients_match_the_op(case):
     c = _eager_vs_op_cases()[case]
     q, k, v = c["args"]
     assert sdpa.torch._runs_eagerly(q, k, v, None)
     eager = sdpa.scaled_dot_product_attention_with_lse(q, k, v, **c["kw"])
+    out, lse = _through_op(q, k, v, **c["kw"])
+    torch.testing.assert_close(eager.out, out, atol=0, rtol=0)
+    torch.testing.assert_close(eager.lse, lse, atol=0, rtol=0)
+    assert eager.backend == sdpa.SDPBackend.FLASH_ATTENTION
     qg = q.clone().requires_grad_()
-    assert not sdpa.torch._runs_eagerly(qg, k, v, None)  # a gradient to track: the op
-    via_op = sdpa.scaled_dot_product_attention_with_lse(qg, k, v, **c["kw"])
-    assert via_op.out.requires_grad and not eager.out.requires_grad
-    torch.testing.assert_close(eager.out, via_op.out.detach(), atol=0, rtol=0)
-    torch.testing.assert_close(eager.lse, via_op.lse, atol=0, rtol=0)
-    assert eager.backend == via_op.backend == sdpa.SDPBackend.FLASH_ATTENTION
+    assert not sdpa.torch._runs_eagerly(qg, k, v, None)  # a gradient to track
+    assert sdpa.torch._autograd_eagerly(qg, k, v, None)
     with torch.no_grad():  # no_grad also runs eagerly, with tensors that require grad
         assert sdpa.torch._runs_eagerly(qg, k, v, None)
         torch.testing.assert_close(sdpa.scaled_dot_product_attention(qg, k, v, **c["kw"]),
                                    eager.out, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_eager_gradients_match_the_op(case):
+    c = _eager_vs_op_cases()[case]
+    kw = dict(c["kw"])
+    mask = kw.get("attn_mask")
+    grads_of = [*(x.clone().requires_grad_() for x in c["args"])]
+    if isinstance(mask, torch.Tensor):  # the float mask's gradient too
+        grads_of.append(mask.clone().requires_grad_())
+        kw["attn_mask"] = grads_of[3]
+    eager = sdpa.scaled_dot_product_attention_with_lse(*grads_of[:3], **kw)
+    assert eager.out.requires_grad and not eager.lse.requires_grad
+    g = torch.randn(eager.out.shape, generator=torch.Generator().manual_seed(8))
+    want = torch.autograd.grad(_through_op(*grads_of[:3], **kw)[0], grads_of, g)
+    got = torch.autograd.grad(eager.out, grads_of, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    with pytest.raises(RuntimeError):  # as the op: no double backward
+        gq = torch.autograd.grad(sdpa.scaled_dot_product_attention(*grads_of[:3], **kw),
+                                 grads_of[0], g, create_graph=True)[0]
+        gq.sum().backward()
+
+
+def test_eager_dropout_gradients_replay_the_forward_mask():
+    q, k, v = qkv(1, 2, 9, 8, s=33, seed=4)
+    sdpa.manual_seed(5)
+    out = sdpa.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
+    got = torch.autograd.grad(out, (q, k, v), g)
+    sdpa.manual_seed(5)
+    want = torch.autograd.grad(_through_op(q, k, v, dropout_p=0.3)[0], (q, k, v), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
 def test_eager_dropout_draws_like_the_op_and_replays():
@@ -299,10 +343,8 @@ def test_eager_dropout_draws_like_the_op_and_replays():
     sdpa.manual_seed(77)
     eager = sdpa.scaled_dot_product_attention_with_lse(q, k, v, dropout_p=0.4)
     sdpa.manual_seed(77)
-    qg = q.clone().requires_grad_()
-    via_op = sdpa.scaled_dot_product_attention_with_lse(qg, k, v, dropout_p=0.4)
-    assert eager.dropout_state == via_op.dropout_state
-    torch.testing.assert_close(eager.out, via_op.out.detach(), atol=0, rtol=0)
+    out, _ = _through_op(q, k, v, dropout_p=0.4)
+    torch.testing.assert_close(eager.out, out, atol=0, rtol=0)
     replay = sdpa.scaled_dot_product_attention_with_lse(q, k, v, dropout_p=0.4,
                                                         dropout_state=eager.dropout_state)
     torch.testing.assert_close(replay.out, eager.out, atol=0, rtol=0)
