@@ -39,10 +39,11 @@ std::atomic<int64_t> g_load_read_ns{-kLoadRefreshNs - 1};  // never read
 std::atomic<double> g_load{0};
 std::atomic<int> g_processors{1};
 
+// Until when (now_ns) a late worker marked the processors contended.
+std::atomic<int64_t> g_contended_until_ns{0};
+
 int threads_for_load(int budget) {
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
+  const int64_t now = detail::now_ns();
   if (now - g_load_read_ns.load(std::memory_order_relaxed) > kLoadRefreshNs) {
     double load = 0;
     g_load.store(getloadavg(&load, 1) == 1 ? load : 0.0, std::memory_order_relaxed);
@@ -70,8 +71,12 @@ namespace detail {
 ThreadingContext ThreadingContext::current() {
   const double scale = g_grain_scale.load(std::memory_order_relaxed);
   const int budget = get_num_threads();
-  return ThreadingContext(budget, scale,
-                          budget > 1 && scale > 0 ? threads_for_load(budget) : budget);
+  int beside_load = budget;
+  if (budget > 1 && scale > 0) {
+    const bool contended = now_ns() < g_contended_until_ns.load(std::memory_order_relaxed);
+    beside_load = contended ? 1 : threads_for_load(budget);
+  }
+  return ThreadingContext(budget, scale, beside_load);
 }
 
 int threads_beside_load(int budget, int processors, double load) {
@@ -84,6 +89,14 @@ double set_grain_scale(double scale) {
 }
 
 void clear_num_threads() { g_num_threads.store(0, std::memory_order_relaxed); }
+
+void note_worker_start(int64_t late_ns) {
+  if (late_ns > kLateWorkerNs) {
+    g_contended_until_ns.store(now_ns() + kContendedNs, std::memory_order_relaxed);
+  }
+}
+
+void clear_contention() { g_contended_until_ns.store(0, std::memory_order_relaxed); }
 
 }  // namespace detail
 }  // namespace sdpa

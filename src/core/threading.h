@@ -9,7 +9,10 @@
 // Regions are named by the function that holds them (flash_forward, merge_chunks, ...):
 // OpenMP outlines each as <function>._omp_fn.N, so a profile reads.
 
+#include <omp.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 
 namespace sdpa::detail {
@@ -96,15 +99,42 @@ double set_grain_scale(double scale);
 /// Forgets sdpa::set_num_threads: calls follow OpenMP's thread count again (tests).
 void clear_num_threads();
 
+/// A worker that starts a region this much after the calling thread opened it waited for
+/// a processor: other processes hold them. Waking an idle worker takes 1-50 us; one that
+/// must wait for a scheduler time slice, milliseconds.
+inline constexpr int64_t kLateWorkerNs = 500'000;
+/// How long a late worker keeps regions below kLoadCapMaxGrains on the calling thread: the
+/// load average reacts to a newly busy processor only over tens of seconds, a late worker
+/// at once. After it, regions try their threads again (one slow region per period).
+inline constexpr int64_t kContendedNs = 1'000'000'000;
+
+/// Monotonic nanoseconds.
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+/// Records a worker's start `late_ns` after its region opened (kLateWorkerNs).
+void note_worker_start(int64_t late_ns);
+
+/// Forgets a late worker (tests).
+void clear_contention();
+
 /// Runs `region` (a callable holding orphaned `#pragma omp for` loops) on `threads`
 /// threads: an OpenMP parallel region when threads > 1, else a plain call, whose loops then
 /// run serially on the calling thread without creating a team (a one-thread team costs
-/// about 1-2 us; an orphaned static loop nothing, a dynamic one a few hundred ns).
+/// about 1-2 us; an orphaned static loop nothing, a dynamic one a few hundred ns). Workers
+/// report how late they started (note_worker_start).
 template <typename Region>
 void run_region(int threads, Region&& region) {
   if (threads <= 1) return region();
+  const int64_t opened = now_ns();
 #pragma omp parallel num_threads(threads)
-  region();
+  {
+    if (omp_get_thread_num() != 0) note_worker_start(now_ns() - opened);
+    region();
+  }
 }
 
 }  // namespace sdpa::detail

@@ -74,6 +74,25 @@ struct ClearNumThreads {
   ~ClearNumThreads() { detail::clear_num_threads(); }
 };
 
+// A worker that starts a region late (it waited for a processor) keeps the small regions
+// of the next calls on the calling thread at once; the load average would take tens of
+// seconds to show the busy processor.
+TEST(Threading, LateWorkerKeepsSmallRegionsOnTheCallingThread) {
+  ClearNumThreads restore;
+  set_num_threads(2);
+  detail::clear_contention();
+  const detail::Work small{100 * kGrainFlops, 0};
+  const detail::Work large{detail::kLoadCapMaxGrains * kGrainFlops, 0};
+  const int before = ThreadingContext::current().threads_for(1000, small);
+  detail::note_worker_start(detail::kLateWorkerNs / 2);  // woken in time: no change
+  EXPECT_EQ(ThreadingContext::current().threads_for(1000, small), before);
+  detail::note_worker_start(2 * detail::kLateWorkerNs);
+  EXPECT_EQ(ThreadingContext::current().threads_for(1000, small), 1);
+  EXPECT_EQ(ThreadingContext::current().threads_for(1000, large), 2);
+  detail::clear_contention();
+  EXPECT_EQ(ThreadingContext::current().threads_for(1000, small), before);
+}
+
 TEST(Threading, SetNumThreadsValidatesAndHoldsForEveryThread) {
   const ClearNumThreads clear;
   for (int bad : {0, -1}) {
