@@ -71,6 +71,10 @@ def fmt_mb(num_bytes: float) -> str:
     return f"{num_bytes / 2**20:.1f} MiB"
 
 
+def count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def yes_no(flag: bool) -> str:
     return "yes" if flag else "no"
 
@@ -122,7 +126,8 @@ def render_sdpa_bench(title: str, doc: dict) -> list[str]:
         header = ["shape", "L = S", "dtype", "causal", "backend", "median ms", "GFLOP/s"]
         header += ["% of peak"] if has_pct else []
         header += ["extra memory", "speed-up over MATH"]
-        out += [f"{pass_name.capitalize()} ({c['repeats']} timed calls per row):", ""]
+        out += [f"{pass_name.capitalize()}, median of {count(c['repeats'], 'timed call')} "
+                "per row:", ""]
         out += table(header, rows) + [""]
     return out
 
@@ -133,7 +138,8 @@ def render_mask_ratios(doc: dict) -> list[str]:
              "✓" if x["meets_target"] else "✗"] for x in r["ratios"]]
     return (["### Masks, biases and flex programs", ""] + command_block(doc["command"]) + para(
         f"{cfg['backend']}, B={cfg['batch']} H={cfg['heads']} E={cfg['head_dim']} "
-        f"{cfg['dtype']}, all variants timed interleaved (median of {cfg['rounds']} rounds). "
+        f"{cfg['dtype']}, all variants timed interleaved (median of "
+        f"{count(cfg['rounds'], 'round')}). "
         "A ratio divides the variant's time by the plain (unmasked) call's time at the same "
         "L; for sparse masks it divides by the kept fraction of (query, key) pairs times "
         "the plain time (for flex BlockMasks: the fraction of blocks computed), so 1.0 "
@@ -166,7 +172,8 @@ def render_decode(doc: dict) -> list[str]:
             for x in doc["results"]]
     return (["### Decode bandwidth", ""] + command_block(doc["command"]) + para(
         f"Decode: B=1 Hq={cfg['heads_q']} Hkv={cfg['heads_kv']} L=1 E={cfg['head_dim']} "
-        f"{cfg['dtype']}, median of {cfg['rounds']} rounds. A decode call reads all of K "
+        f"{cfg['dtype']}, median of {count(cfg['rounds'], 'round')}. A decode call reads "
+        "all of K "
         "and V once, so its speed is the K/V bytes read per second, compared with a "
         "threaded 256 MiB memcpy (bytes read plus written) timed in the same rounds; the "
         "target is a ratio of at least 0.8. Before each call a read sweep evicts K/V from "
