@@ -105,7 +105,7 @@ def render_peaks(doc: dict) -> list[str]:
 
 def render_sdpa_bench(title: str, doc: dict) -> list[str]:
     """Any `sdpa bench --json` output: one table per pass, with each row's speed-up over
-    MATH on the same case where MATH ran."""
+    MATH on the same case when the run timed MATH."""
     c, results = doc["context"], doc["results"]
     key = ("batch", "heads_q", "heads_kv", "q_len", "head_dim", "dtype", "causal", "pass")
     math_ms = {tuple(r[k] for k in key): r["median_ms"] for r in results
@@ -121,11 +121,13 @@ def render_sdpa_bench(title: str, doc: dict) -> list[str]:
                    fmt_ms(r["median_ms"]), fmt(r["gflops"], 1)]
             if has_pct:
                 row.append(fmt(r.get("pct_of_peak"), 1))
-            row += [fmt_mb(r["peak_extra_bytes"]), f"{math / r['median_ms']:.1f}x" if math else "-"]
+            row.append(fmt_mb(r["peak_extra_bytes"]))
+            if math_ms:
+                row.append(f"{math / r['median_ms']:.1f}x" if math else "-")
             rows.append(row)
         header = ["shape", "L = S", "dtype", "causal", "backend", "median ms", "GFLOP/s"]
         header += ["% of peak"] if has_pct else []
-        header += ["extra memory", "speed-up over MATH"]
+        header += ["extra memory"] + (["speed-up over MATH"] if math_ms else [])
         out += [f"{pass_name.capitalize()}, median of {count(c['repeats'], 'timed call')} "
                 "per row:", ""]
         out += table(header, rows) + [""]
