@@ -112,6 +112,11 @@ def render_sdpa_bench(title: str, doc: dict) -> list[str]:
                if r["backend"] == "MATH"}
     has_pct = any("pct_of_peak" in r for r in results)
     out = [f"### {title}", ""] + command_block(c["command"])
+    if "peak_fp32_gflops" in c:  # --peak: % of peak is against this run's own probes
+        bf16 = (f", bf16 {c['peak_bf16_gflops']:.1f} GFLOP/s" if "peak_bf16_gflops" in c
+                else "")
+        out += para(f"% of peak is against the peaks measured in the same run: fp32 "
+                    f"{c['peak_fp32_gflops']:.1f} GFLOP/s{bf16}.")
     for pass_name in dict.fromkeys(r["pass"] for r in results):
         rows = []
         for r in (r for r in results if r["pass"] == pass_name):

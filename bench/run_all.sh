@@ -44,16 +44,16 @@ step "FLASH memory at long sequences"
 "$sdpa" bench --heads-q 16 --seq-lens 4096,16384 --causal on --backends flash --backward \
   --repeats 1 --warmup 0 --json >"$out/flash_memory.json"
 step "mask, bias and flex ratios"
-"$build/bench/sdpa_mask_ratios" 5 --json "$out/mask_ratios.json"
+"$build/bench/sdpa_mask_ratios" 7 --json "$out/mask_ratios.json"
 step "create_block_mask at L=131072"
 "$build/bench/sdpa_block_mask_build" --json "$out/block_mask_build.json"
 step "decode bandwidth"
-"$build/bench/sdpa_decode_bandwidth" 20 --json "$out/decode_bandwidth.json"
+"$build/bench/sdpa_decode_bandwidth" 30 --json "$out/decode_bandwidth.json"
 step "comparison with torch"
 if "$python" -c "import torch, sdpa" 2>/dev/null; then
   # It exits 1 when a case disagrees with torch, after writing its JSON (the page marks
   # those rows): render the rest all the same.
-  "$python" bench/compare_torch.py --repeats 5 --threads "$threads" \
+  "$python" bench/compare_torch.py --repeats 7 --threads "$threads" \
     --sdpa-cli "$sdpa" --json "$out/compare_torch.json" ||
     echo "compare_torch.py failed: see its output above" >&2
 else
