@@ -31,7 +31,7 @@ release build (`cmake --preset release && cmake --build --preset release`). To m
 host and regenerate this page:
 
 ```sh
-bench/run_all.sh HOST_KIND      # e.g. intel-xeon-avx512-amx; about 10-15 minutes on 2 cores
+bench/run_all.sh HOST_KIND      # e.g. intel-xeon-avx512-amx; about 5 minutes on 2 cores
 ```
 
 The development machines are shared, small (2 cores) virtual machines, so one timing can

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the benchmark set on this machine and writes bench/results/HOST_KIND/*.json, then
 # regenerates docs/benchmarks.md from every host kind's results. Builds nothing: build
-# the release preset first. About 10-15 minutes on 2 cores.
+# the release preset first. About 5 minutes on an idle 2-core host.
 #
 #   bench/run_all.sh HOST_KIND      e.g. intel-xeon-avx512-amx, amd-zen4-avx512
 #
