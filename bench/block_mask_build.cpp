@@ -2,7 +2,7 @@
 // L = 131072 in seconds with memory in MB; PyTorch's dense creation runs out of memory
 // at 96k, pytorch #134756). Memory is the peak of sdpa's allocation counters during the
 // call, the BlockMask itself included.
-// Usage: sdpa_block_mask_build [q_len]   (default 131072; B = H = 1, BLOCK_SIZE 128)
+// Usage: sdpa_block_mask_build [q_len] [--json FILE]   (default 131072; B = H = 1, BLOCK_SIZE 128)
 
 #include <chrono>
 #include <cstdio>
@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 
+#include "host.h"
 #include "sdpa/flex.h"
 #include "sdpa/flex_mods.h"
 
@@ -17,7 +18,9 @@ using namespace sdpa;
 
 namespace {
 
-void measure(const std::string& name, int64_t len, const std::function<flex::BlockMask()>& make) {
+// Prints one line and returns the same figures as a JSON row.
+nlohmann::ordered_json measure(const std::string& name, int64_t len,
+                               const std::function<flex::BlockMask()>& make) {
   reset_peak_memory();
   const int64_t before = memory_stats().current_bytes;
   const auto t0 = std::chrono::steady_clock::now();
@@ -27,21 +30,31 @@ void measure(const std::string& name, int64_t len, const std::function<flex::Blo
   std::printf("%-22s L=S=%ld  %8.3f s  %8.1f MB  density %.5f  (dense bool mask: %.0f MB)\n",
               name.c_str(), static_cast<long>(len), s.count(), mb, mask.density(),
               static_cast<double>(len) * static_cast<double>(len) / (1 << 20));
+  return {{"mask_mod", name},       {"q_len", len},
+          {"kv_len", len},          {"seconds", s.count()},
+          {"peak_mb", mb},          {"density", mask.density()},
+          {"dense_bool_mask_mb", static_cast<double>(len) * static_cast<double>(len) / (1 << 20)}};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string command = bench::command_line(argc, argv);
+  const std::string json_path = bench::take_json_path(argc, argv);
   const int64_t len = argc > 1 ? std::atoll(argv[1]) : 131072;
-  measure("causal", len, [&] { return flex::create_block_mask(flex::mods::causal(), 1, 1, len, len); });
-  measure("sliding_window(1024)", len, [&] {
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  results.push_back(measure(
+      "causal", len, [&] { return flex::create_block_mask(flex::mods::causal(), 1, 1, len, len); }));
+  results.push_back(measure("sliding_window(1024)", len, [&] {
     return flex::create_block_mask(flex::mods::sliding_window(1024), 1, 1, len, len);
-  });
+  }));
   Tensor ids = Tensor::empty({len}, DType::kInt64);
   for (int64_t i = 0; i < len; ++i) ids.data<int64_t>()[i] = i / 4096;
-  measure("documents(4096)", len, [&] {
+  results.push_back(measure("documents(4096)", len, [&] {
     return flex::create_block_mask(flex::and_masks({flex::mods::document(ids), flex::mods::causal()}),
                                    1, 1, len, len);
-  });
-  return 0;
+  }));
+  if (json_path.empty()) return 0;
+  const nlohmann::ordered_json config = {{"batch", 1}, {"heads", 1}, {"block_size", 128}};
+  return bench::write_json(json_path, "block_mask_build", command, config, results) ? 0 : 1;
 }

@@ -18,6 +18,9 @@ Llama-7B-shaped decode step, float32) in microseconds per call, in two settings:
 machine is, and with a second process (`yes`) keeping one processor busy, which the
 script starts and stops. That is where OpenMP threads waiting for a processor show.
 
+--json writes {"benchmark", "command", "host", "config", "peaks", "rows"}, every figure a
+JSON number (pct_of_peak null where the peaks were not measured).
+
 Needs the sdpa Python package and torch; --sdpa-cli names the `sdpa` command (default:
 build/release/tools/sdpa) for the peak figures (omitted when it is missing).
 """
@@ -27,6 +30,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -214,23 +219,40 @@ def run_small(repeats: int) -> list[dict]:
 def measure_peaks(cli: Path) -> dict[str, float]:
     if not cli.exists():
         return {}
-    text = subprocess.run([str(cli), "bench", "--peak-only"], check=True, capture_output=True,
-                          text=True).stdout
-    peaks = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(": ")
-        if key.startswith("peak_") and value[:1].isdigit():
-            peaks[key] = float(value.split()[0])
-    return peaks
+    text = subprocess.run([str(cli), "bench", "--peak-only", "--json"], check=True,
+                          capture_output=True, text=True).stdout
+    context = json.loads(text)["context"]
+    return {key: value for key, value in context.items()
+            if key.startswith("peak_") and isinstance(value, (int, float))}
 
 
-def percent_of_peak(c: Case, sdpa_ms: float, peaks: dict[str, float]) -> str:
+def percent_of_peak(c: Case, sdpa_ms: float, peaks: dict[str, float]) -> tuple[float | None, str]:
+    """(sdpa's percentage of the limit that bounds case `c`, or None when not measured;
+    which limit: "copy" for decode (K/V bytes read), else "bf16" or "fp32")."""
     if c.is_decode:
         limit = peaks.get("peak_copy_gbps")
         achieved = c.kv_bytes() / (sdpa_ms * 1e6)  # GB/s of K/V read
-        return f"{100 * achieved / limit:.0f}% copy bw" if limit else "-"
-    limit = peaks.get("peak_bf16_gflops" if c.dtype == "bfloat16" else "peak_fp32_gflops")
-    return f"{100 * c.flops() / (sdpa_ms * 1e6) / limit:.0f}%" if limit else "-"
+        return (100 * achieved / limit if limit else None), "copy"
+    # bfloat16 uses vdpbf16ps where the CPU has it; without it bf16 computes in float32.
+    bf16 = c.dtype == "bfloat16" and "peak_bf16_gflops" in peaks
+    limit = peaks.get("peak_bf16_gflops" if bf16 else "peak_fp32_gflops")
+    return (100 * c.flops() / (sdpa_ms * 1e6) / limit if limit else None), "bf16" if bf16 else "fp32"
+
+
+def host() -> dict:
+    """The host fields every benchmark JSON records (bench/host.h in C++)."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    return {"cpu_model": model, "cpu_capability": sdpa.backends.cpu.get_cpu_capability(),
+            "avx512_bf16": "avx512_bf16" in flags, "threads": torch.get_num_threads()}
 
 
 def main() -> int:
@@ -270,16 +292,23 @@ def main() -> int:
         torch_ms, sdpa_ms = paired_median_ms([torch_fn, sdpa_fn], args.repeats)
         shape = f"B={c.batch} Hq={c.heads_q} Hkv={c.heads_kv} L={c.q_len} S={c.kv_len} E={c.head_dim}"
         gflops = c.flops() / (sdpa_ms * 1e6)
-        row = dict(dataclasses.asdict(c), torch_ms=torch_ms, sdpa_ms=sdpa_ms,
-                   speedup=torch_ms / sdpa_ms, sdpa_gflops=gflops,
-                   of_peak=percent_of_peak(c, sdpa_ms, peaks), max_rel_err=err, agree=ok)
-        rows.append(row)
+        pct, limit = percent_of_peak(c, sdpa_ms, peaks)
+        rows.append(dict(dataclasses.asdict(c), torch_ms=torch_ms, sdpa_ms=sdpa_ms,
+                         speedup=torch_ms / sdpa_ms, sdpa_gflops=gflops, pct_of_peak=pct,
+                         peak=limit, max_rel_err=err, agree=ok))
+        of_peak = "-" if pct is None else f"{pct:.0f}%" + (" copy bw" if limit == "copy" else "")
         print(f"{c.name + (' bwd' if c.backward and c.name != 'bwd' else ''):<13} {shape:<34} "
               f"{c.dtype:<9} {str(c.causal):<6} {torch_ms:9.2f} {sdpa_ms:9.2f} "
-              f"{torch_ms / sdpa_ms:7.2f}x {gflops:8.1f} {row['of_peak']:>13} {err:11.2e}"
+              f"{torch_ms / sdpa_ms:7.2f}x {gflops:8.1f} {of_peak:>13} {err:11.2e}"
               f"{'' if ok else '  DISAGREE'}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"peaks": peaks, "rows": rows}, indent=1))
+        # The command as run from the repository root with any Python that has torch and sdpa.
+        command = shlex.join(["python3", os.path.relpath(sys.argv[0])] + sys.argv[1:])
+        args.json.write_text(json.dumps(
+            {"benchmark": "compare_torch", "command": command, "host": host(),
+             "config": {"torch": torch.__version__, "sdpa": sdpa.__version__,
+                        "threads": args.threads, "repeats": args.repeats, "quick": args.quick},
+             "peaks": peaks, "rows": rows}, indent=1))
     if failures:
         print(f"{failures} case(s) disagree with torch beyond tolerance", file=sys.stderr)
     return 1 if failures else 0

@@ -7,7 +7,8 @@
 // in 4 KiB pages, as a KV cache that torch or numpy allocated usually is. Hardware
 // prefetchers stop at page boundaries, so the second is the harder case.
 //
-// Usage: sdpa_decode_bandwidth [rounds=30] [dtype=bfloat16]   (float16, float32: same shapes)
+// Usage: sdpa_decode_bandwidth [rounds=30] [dtype=bfloat16] [--json FILE]
+//        (float16, float32: same shapes)
 
 #include <omp.h>
 #include <sys/mman.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "common.h"
+#include "host.h"
 
 using namespace sdpa;
 
@@ -39,6 +41,8 @@ Tensor copy_to_small_pages(const Tensor& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string command = bench::command_line(argc, argv);
+  const std::string json_path = bench::take_json_path(argc, argv);
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 30;
   const DType dtype = argc > 2 ? parse_dtype(argv[2]) : DType::kBFloat16;
   const int64_t Hq = 32, Hkv = 8, E = 128;
@@ -46,6 +50,7 @@ int main(int argc, char** argv) {
       "FLASH_ATTENTION decode, B=1 Hq=%ld Hkv=%ld L=1 E=%ld %s, %d threads, "
       "%d rounds\n",
       Hq, Hkv, E, std::string(dtype_name(dtype)).c_str(), omp_get_max_threads(), rounds);
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (const int64_t S : {4096, 32768}) {
     const Tensor q = bench::randn({1, Hq, 1, E}, dtype, 1);
     const Tensor k = bench::randn({1, Hkv, S, E}, dtype, 2);
@@ -91,9 +96,28 @@ int main(int argc, char** argv) {
           "S=%-6ld K/V in %-11s decode %.3f ms (%.1f GB/s K/V read), copy %.1f GB/s "
           "(read + write)  decode / copy %.2f  target >= 0.80  %s\n",
           S, name, ms, decode_gbps, copy_gbps, ratio, ratio >= 0.8 ? "ok" : "MISS");
+      results.push_back({{"kv_len", S},
+                         {"pages", name},
+                         {"decode_ms", ms},
+                         {"kv_read_gbps", decode_gbps},
+                         {"copy_gbps", copy_gbps},
+                         {"decode_over_copy", ratio},
+                         {"target_min", 0.8},
+                         {"meets_target", ratio >= 0.8}});
     }
     std::printf("S=%-6ld huge pages, right after the copy: %.3f ms\n", S, t[3]);
+    results.push_back({{"kv_len", S}, {"pages", "huge pages, right after the copy"},
+                       {"decode_ms", t[3]}});
     if (sink == 42) std::printf("\n");  // keeps the sweep's loads
   }
-  return 0;
+  if (json_path.empty()) return 0;
+  const nlohmann::ordered_json config = {{"backend", "FLASH_ATTENTION"},
+                                         {"batch", 1},
+                                         {"heads_q", Hq},
+                                         {"heads_kv", Hkv},
+                                         {"q_len", 1},
+                                         {"head_dim", E},
+                                         {"dtype", std::string(dtype_name(dtype))},
+                                         {"rounds", rounds}};
+  return bench::write_json(json_path, "decode_bandwidth", command, config, results) ? 0 : 1;
 }

@@ -4,13 +4,14 @@
 //   L=S=8192 <= 1.5x (kept fraction x dense time); ALiBi bias <= 1.15x plain;
 //   ALiBi and soft-capping as flex score_mods <= 1.2x plain; flex block-sparse masks
 //   <= 1.3x density x dense time.
-// Usage: sdpa_mask_ratios [rounds]   (B=1, H=16, E=64, float32, FLASH_ATTENTION)
+// Usage: sdpa_mask_ratios [rounds] [--json FILE]   (B=1, H=16, E=64, float32, FLASH_ATTENTION)
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "common.h"
+#include "host.h"
 #include "sdpa/flex_attention.h"
 #include "sdpa/flex_mods.h"
 
@@ -43,8 +44,11 @@ double kept_fraction(const AttnBias& bias, int64_t L, int64_t S) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string command = bench::command_line(argc, argv);
+  const std::string json_path = bench::take_json_path(argc, argv);
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 5;
   const int64_t B = 1, H = 16, E = 64;
+  nlohmann::ordered_json measured;  // plain times, kept fractions, block densities
   sdpa_kernel guard(SDPBackend::FLASH_ATTENTION);
   std::printf("FLASH_ATTENTION, B=%ld H=%ld E=%ld float32, %d rounds, capability %s\n", B, H, E,
               rounds, backends::cpu::get_cpu_capability().c_str());
@@ -70,6 +74,7 @@ int main(int argc, char** argv) {
          [&] { flex_attention(q, k, v, softcap_mod); }},
         rounds);
     std::printf("L=S=%ld plain %.1f ms\n", L, t[0]);
+    measured["plain_ms_4096"] = t[0];
     rows.push_back({"causal / plain (L=4096)", t[1] / t[0], 0.6, "is_causal"});
     rows.push_back({"ALiBi bias / plain (L=4096)", t[2] / t[0], 1.15, "AlibiBias"});
     rows.push_back({"flex ALiBi / plain (L=4096)", t[3] / t[0], 1.2, "score_mod"});
@@ -104,6 +109,11 @@ int main(int argc, char** argv) {
     std::printf("L=S=%ld plain %.1f ms; kept fraction: window %.4f, documents %.4f; block "
                 "density: window %.4f, documents %.4f\n",
                 L, t[0], window_kept, doc_kept, window_blocks.density(), doc_blocks.density());
+    measured["plain_ms_8192"] = t[0];
+    measured["kept_fraction_window"] = window_kept;
+    measured["kept_fraction_documents"] = doc_kept;
+    measured["block_density_window"] = window_blocks.density();
+    measured["block_density_documents"] = doc_blocks.density();
     rows.push_back({"window 256 / (kept x plain)", t[1] / (window_kept * t[0]), 1.5,
                     "LocalAttentionBias, L=8192"});
     rows.push_back({"documents 512 / (kept x plain)", t[2] / (doc_kept * t[0]), 1.5,
@@ -114,5 +124,18 @@ int main(int argc, char** argv) {
                     1.3, "BlockMask document & causal"});
   }
   for (const Row& r : rows) print(r);
-  return 0;
+  if (json_path.empty()) return 0;
+  nlohmann::ordered_json ratios = nlohmann::ordered_json::array();
+  for (const Row& r : rows) {
+    ratios.push_back({{"case", r.name},
+                      {"ratio", r.ratio},
+                      {"target_max", r.target},
+                      {"meets_target", r.ratio <= r.target},
+                      {"what", r.what}});
+  }
+  measured["ratios"] = std::move(ratios);
+  const nlohmann::ordered_json config = {{"backend", "FLASH_ATTENTION"}, {"batch", B},
+                                         {"heads", H},  {"head_dim", E},
+                                         {"dtype", "float32"}, {"rounds", rounds}};
+  return bench::write_json(json_path, "mask_ratios", command, config, measured) ? 0 : 1;
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common.h"
+#include "host.h"
 #include "peak.h"
 #include "report.h"
 #include "variants.h"
@@ -44,6 +45,7 @@ struct BenchOptions {
   uint32_t seed = 0;
   bool json = false;
   bool csv = false;
+  std::string command_line;  // as typed, for the context
 };
 
 // One point of the sweep.
@@ -202,8 +204,12 @@ std::string variant_name(const BenchOptions& o) {
 
 Report make_report(const BenchOptions& o, const std::optional<MachinePeak>& peak) {
   Report r;
+  // The host and command fields let bench/render_benchmarks.py place the results.
   r.context = {{"sdpa", version()},
+               {"command", o.command_line},
+               {"cpu_model", bench::cpu_model_name()},
                {"cpu_capability", backends::cpu::get_cpu_capability()},
+               {"avx512_bf16", bench::has_avx512_bf16()},
                {"omp_threads", int64_t{omp_get_max_threads()}},
                {"repeats", int64_t{o.repeats}},
                {"warmup", int64_t{o.warmup}},
@@ -241,7 +247,12 @@ int run_bench(const BenchOptions& o) {
   }
   Report report = make_report(o, peak);
   if (o.peak_only) {
-    write_context(report, "", std::cout);
+    // JSON as every other bench output (no rows); text as bare key: value lines.
+    if (o.json) {
+      write_report(report, ReportFormat::kJson, std::cout);
+    } else {
+      write_context(report, "", std::cout);
+    }
     return kExitOk;
   }
   const std::vector<BenchCase> cases = sweep(o);
@@ -312,10 +323,11 @@ int run_bench(const BenchOptions& o) {
 
 }  // namespace
 
-Command add_bench_command(CLI::App& parent) {
+Command add_bench_command(CLI::App& parent, std::string command_line) {
   CLI::App* app = parent.add_subcommand(
       "bench", "Time backends over a sweep of shapes (progress on stderr, results on stdout)");
   auto o = std::make_shared<BenchOptions>();
+  o->command_line = std::move(command_line);
   const CLI::Validator positive = integer_in<int64_t>(1);
   app->add_option("-b,--batch", o->batch, "Batch size B")->check(positive)->capture_default_str();
   app->add_option("--heads-q", o->heads_q, "Query heads Hq")
@@ -341,8 +353,8 @@ Command add_bench_command(CLI::App& parent) {
   app->add_flag("--peak", o->peak,
                 "Measure fp32 FMA, bf16 dot and copy bandwidth peaks first; add pct_of_peak");
   app->add_flag("--peak-only", o->peak_only,
-                "Only measure and print the peaks (as key: value lines; peak_bf16_gflops only "
-                "on CPUs with avx512_bf16)");
+                "Only measure and print the peaks (as key: value lines, or JSON with --json; "
+                "peak_bf16_gflops only on CPUs with avx512_bf16)");
   app->add_option("--repeats", o->repeats, "Timed calls per row")
       ->check(integer_in(1))
       ->capture_default_str();

@@ -39,7 +39,8 @@ struct Command {
 Command add_info_command(CLI::App& parent);
 Command add_explain_command(CLI::App& parent);
 Command add_run_command(CLI::App& parent);
-Command add_bench_command(CLI::App& parent);
+/// `command_line`: the whole invocation, recorded in bench's context.
+Command add_bench_command(CLI::App& parent, std::string command_line);
 
 /// Validator accepting whatever sdpa::parse_backend accepts ("flash", "MATH", ...).
 CLI::Validator backend_validator();

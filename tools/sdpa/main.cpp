@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "common.h"
+#include "host.h"
 
 int main(int argc, char** argv) {
   using namespace sdpa::cli;
@@ -15,7 +16,8 @@ int main(int argc, char** argv) {
       "Exit codes: 0 ok, 1 error, 2 bad flags, 3 accuracy check failed (sdpa run).\n"
       "Run 'sdpa <command> --help' for a command's flags.");
   const Command commands[] = {add_info_command(app), add_explain_command(app),
-                              add_run_command(app), add_bench_command(app)};
+                              add_run_command(app),
+                              add_bench_command(app, sdpa::bench::command_line(argc, argv))};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

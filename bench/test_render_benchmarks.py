@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Checks bench/render_benchmarks.py on the tiny fixture in bench/testdata/results/, so the
+renderer cannot rot while no host's results change. Standard library only: runs as
+`python3 bench/test_render_benchmarks.py` (CTest does) or under pytest."""
+
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import render_benchmarks  # noqa: E402
+
+FIXTURE = Path(__file__).resolve().parent / "testdata/results"
+
+
+class RenderBenchmarks(unittest.TestCase):
+    def test_every_result_file_renders_with_its_command(self):
+        page = render_benchmarks.render(FIXTURE)
+        self.assertIn("## test-host", page)
+        self.assertIn("Test CPU; sdpa kernels at the AVX512 level, avx512_bf16 yes, 2 threads",
+                      page)
+        for command in ("build/release/tools/sdpa bench --peak-only --json",
+                        "build/release/tools/sdpa bench --seq-lens 8 --json",
+                        "build/release/bench/sdpa_mask_ratios 1 --json x.json",
+                        "build/release/bench/sdpa_block_mask_build 1024 --json x.json",
+                        "build/release/bench/sdpa_decode_bandwidth 1 --json x.json",
+                        "python3 bench/compare_torch.py --quick --json x.json"):
+            self.assertIn(f"```sh\n{command}\n```", page)
+        self.assertIn("| fp32 FMA (AVX-512) | 100.0 GFLOP/s |", page)
+        self.assertIn("| FLASH_ATTENTION | 1.000 | 2.0 | 1.0 MiB | 4.0x |", page)
+        self.assertIn("| causal / plain (L=4096) | is_causal | 0.500 | ≤ 0.6 | ✓ |", page)
+        self.assertIn("| 4096 | huge pages | 1.000 | 8.0 | 10.0 | 0.80 | ✓ |", page)
+        self.assertIn("| float32 | 64 | no | 2.000 | 1.000 | 2.00x | 50.0 | 50% of fp32 |", page)
+        self.assertIn("1 case(s) disagreed with torch", page)
+
+    def test_no_results_no_numbers(self):
+        with tempfile.TemporaryDirectory() as empty:
+            page = render_benchmarks.render(Path(empty))
+        self.assertIn("No results yet", page)
+        self.assertNotIn("\n## ", page)
+
+
+if __name__ == "__main__":
+    unittest.main()
