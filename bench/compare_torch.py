@@ -255,6 +255,19 @@ def host() -> dict:
             "avx512_bf16": "avx512_bf16" in flags, "threads": torch.get_num_threads()}
 
 
+def write_json(args, benchmark: str, peaks: dict, rows: list[dict]) -> None:
+    """Writes --json: {"benchmark", "command", "host", "config", "peaks", "rows"}."""
+    if not args.json:
+        return
+    # The command as run from the repository root with any Python that has torch and sdpa.
+    command = shlex.join(["python3", os.path.relpath(sys.argv[0])] + sys.argv[1:])
+    args.json.write_text(json.dumps(
+        {"benchmark": benchmark, "command": command, "host": host(),
+         "config": {"torch": torch.__version__, "sdpa": sdpa.__version__,
+                    "threads": args.threads, "repeats": args.repeats, "quick": args.quick},
+         "peaks": peaks, "rows": rows}, indent=1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sequence lengths")
@@ -275,8 +288,7 @@ def main() -> int:
           f"capability {sdpa.backends.cpu.get_cpu_capability()}, peaks {peaks or 'not measured'}")
     if args.small:
         rows = run_small(args.repeats)
-        if args.json:
-            args.json.write_text(json.dumps({"peaks": peaks, "rows": rows}, indent=1))
+        write_json(args, "compare_torch_small", peaks, rows)
         return 0 if all(r["agree"] for r in rows) else 1
     header = (f"{'case':<13} {'shape':<34} {'dtype':<9} {'causal':<6} {'torch ms':>9} "
               f"{'sdpa ms':>9} {'speedup':>8} {'GFLOP/s':>8} {'of peak':>13} {'max rel err':>11}")
@@ -301,14 +313,7 @@ def main() -> int:
               f"{c.dtype:<9} {str(c.causal):<6} {torch_ms:9.2f} {sdpa_ms:9.2f} "
               f"{torch_ms / sdpa_ms:7.2f}x {gflops:8.1f} {of_peak:>13} {err:11.2e}"
               f"{'' if ok else '  DISAGREE'}", flush=True)
-    if args.json:
-        # The command as run from the repository root with any Python that has torch and sdpa.
-        command = shlex.join(["python3", os.path.relpath(sys.argv[0])] + sys.argv[1:])
-        args.json.write_text(json.dumps(
-            {"benchmark": "compare_torch", "command": command, "host": host(),
-             "config": {"torch": torch.__version__, "sdpa": sdpa.__version__,
-                        "threads": args.threads, "repeats": args.repeats, "quick": args.quick},
-             "peaks": peaks, "rows": rows}, indent=1))
+    write_json(args, "compare_torch", peaks, rows)
     if failures:
         print(f"{failures} case(s) disagree with torch beyond tolerance", file=sys.stderr)
     return 1 if failures else 0

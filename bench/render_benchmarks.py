@@ -244,6 +244,25 @@ def render_compare_torch(doc: dict) -> list[str]:
     return out
 
 
+def render_small_calls(doc: dict) -> list[str]:
+    cfg, rows = doc["config"], doc["rows"]
+    out = ["### Small calls against PyTorch", ""] + command_block(doc["command"]) + para(
+        f"Microseconds per call, torch {cfg['torch']} and sdpa {cfg['sdpa']}, "
+        f"{cfg['threads']} threads each, timed round-robin in batches (median of "
+        f"{cfg['repeats']}): as the machine is, and beside a `yes` process keeping one "
+        "processor busy (started and stopped by the benchmark). The minilm-grad case is a "
+        "forward and backward through each library's autograd, inputs requiring grad.")
+    out += table(["case", "shape", "setting", "torch us", "sdpa us", "speed-up",
+                  "max rel err"],
+                 [[r["name"].removeprefix("small-"),
+                   f"B={r['batch']} Hq={r['heads_q']} Hkv={r['heads_kv']} L={r['q_len']} "
+                   f"S={r['kv_len']} E={r['head_dim']}", r["setting"], fmt(r["torch_us"], 1),
+                   fmt(r["sdpa_us"], 1), f"{r['torch_us'] / r['sdpa_us']:.2f}x",
+                   f"{r['max_rel_err']:.1e}" + ("" if r["agree"] else " ✗")]
+                  for r in rows]) + [""]
+    return out
+
+
 # Result files in page order: file stem -> renderer. run_all.sh writes these names.
 RENDERERS = {
     "peaks": render_peaks,
@@ -253,6 +272,7 @@ RENDERERS = {
     "block_mask_build": render_block_mask_build,
     "decode_bandwidth": render_decode,
     "compare_torch": render_compare_torch,
+    "compare_torch_small": render_small_calls,
 }
 
 

@@ -56,6 +56,9 @@ if "$python" -c "import torch, sdpa" 2>/dev/null; then
   "$python" bench/compare_torch.py --repeats 7 --threads "$threads" \
     --sdpa-cli "$sdpa" --json "$out/compare_torch.json" ||
     echo "compare_torch.py failed: see its output above" >&2
+  "$python" bench/compare_torch.py --small --repeats 15 --threads "$threads" \
+    --sdpa-cli "$sdpa" --json "$out/compare_torch_small.json" ||
+    echo "compare_torch.py --small failed: see its output above" >&2
 else
   echo "skipped: '$python' cannot import torch and sdpa (set SDPA_PYTHON)" >&2
 fi

@@ -41,7 +41,7 @@ __attribute__((target("avx512f,avx512bf16"))) inline __m512 SumsOfLanes16(const 
 
 // Scores of query rows r0 .. r0 + 3 against 16 whole key rows (head_dim a multiple of 32),
 // 4 keys at a time: each key vector loaded serves all 4 rows' accumulators, a quarter of
-// the key loads of one row at a time (decode 10% faster hot: docs/benchmarks.md).
+// the key loads of one row at a time (decode 10% faster hot).
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline void
 Bf16ScoreFourRows(const uint16_t* q, int64_t ld_q, const char* base, const int64_t* offset,
                   int64_t head_dim, float scale, float* scores, int64_t ld_scores) {
@@ -186,7 +186,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void Bf16ValueTile(
 
 /// Most blocks one pass of Bf16AccumulateValues covers. Whole value rows (head_dim_v <= 128)
 /// in one pass keep the reads in address order, which the hardware prefetchers follow;
-/// half-row passes read every other pair of cache lines and decoded slower (benchmarks.md).
+/// half-row passes read every other pair of cache lines and decoded slower.
 inline constexpr int kValueBlocksPerPass = 4;
 /// Query rows per pass: two rows of kValueBlocksPerPass blocks are 16 accumulators.
 inline constexpr int kValueRowsPerPass = 2;
@@ -201,7 +201,7 @@ inline constexpr int kValueRowsPerPass = 2;
 /// floats and come out in the order ValueOrderToElements describes and restores (once per
 /// row at the end): vpunpck{l,h}wd interleave two rows within 128-bit lanes, cheaper than
 /// the cross-lane permute that element order would need. The rows `ahead` are requested
-/// into L2 along the way: memory streams them while this computes (benchmarks.md).
+/// into L2 along the way: memory streams them while this computes.
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16AccumulateValues(
     const uint16_t* p, int64_t rows, int64_t ld_p, const uint16_t* values, int64_t value_stride,
     int64_t head_dim_v, int64_t n, const float* alpha, float* acc, int64_t ld_acc,

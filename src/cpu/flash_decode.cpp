@@ -151,7 +151,7 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
     // the end: a thread reads K and V on across chunk boundaries, its requests running
     // ahead into the next chunk, and the last small runs even out uneven items (masked
     // chunks) and busy neighbours (one item at a time read 0-10% slower from memory and
-    // 4% slower from cache: docs/benchmarks.md).
+    // 4% slower from cache).
 #pragma omp for schedule(guided)
     for (int64_t item = 0; item < items; ++item) {
       try {

@@ -19,7 +19,7 @@ namespace sdpa::cpu {
 /// Keys per split-KV chunk: kDecodeChunk, or up to kDecodeMaxChunk (doubling) while the
 /// call keeps at least kDecodeMinItems (batch, kv head, chunk) items. Each chunk starts
 /// new K and V streams; 2048-key chunks read 7% faster than 512-key ones at S = 32768
-/// (docs/benchmarks.md). Multiples of kBlockKv.
+/// (`sdpa_decode_bandwidth`). Multiples of kBlockKv.
 inline constexpr int64_t kDecodeChunk = 512;
 inline constexpr int64_t kDecodeMaxChunk = 2048;
 inline constexpr int64_t kDecodeMinItems = 128;
