@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <cmath>
 #include <cstdlib>
 
 #include "sdpa/error.h"
@@ -31,28 +29,8 @@ double grain_scale_from_env() {
 
 std::atomic<double> g_grain_scale{grain_scale_from_env()};
 
-// The load average and processor count, read at most every 100 ms: getloadavg reads
-// /proc/loadavg (a few microseconds), too much for every small call. Racing readers may
-// both refresh; either pair of values is fine.
-constexpr int64_t kLoadRefreshNs = 100'000'000;
-std::atomic<int64_t> g_load_read_ns{-kLoadRefreshNs - 1};  // never read
-std::atomic<double> g_load{0};
-std::atomic<int> g_processors{1};
-
 // Until when (now_ns) a late worker marked the processors contended.
 std::atomic<int64_t> g_contended_until_ns{0};
-
-int threads_for_load(int budget) {
-  const int64_t now = detail::now_ns();
-  if (now - g_load_read_ns.load(std::memory_order_relaxed) > kLoadRefreshNs) {
-    double load = 0;
-    g_load.store(getloadavg(&load, 1) == 1 ? load : 0.0, std::memory_order_relaxed);
-    g_processors.store(omp_get_num_procs(), std::memory_order_relaxed);
-    g_load_read_ns.store(now, std::memory_order_relaxed);
-  }
-  return detail::threads_beside_load(budget, g_processors.load(std::memory_order_relaxed),
-                                     g_load.load(std::memory_order_relaxed));
-}
 
 }  // namespace
 
@@ -71,17 +49,9 @@ namespace detail {
 ThreadingContext ThreadingContext::current() {
   const double scale = g_grain_scale.load(std::memory_order_relaxed);
   const int budget = get_num_threads();
-  int beside_load = budget;
-  if (budget > 1 && scale > 0) {
-    const bool contended = now_ns() < g_contended_until_ns.load(std::memory_order_relaxed);
-    beside_load = contended ? 1 : threads_for_load(budget);
-  }
-  return ThreadingContext(budget, scale, beside_load);
-}
-
-int threads_beside_load(int budget, int processors, double load) {
-  const double others = std::max(0.0, load - budget);
-  return std::clamp(static_cast<int>(std::floor(processors - others)), 1, std::max(budget, 1));
+  const bool contended =
+      scale > 0 && now_ns() < g_contended_until_ns.load(std::memory_order_relaxed);
+  return ThreadingContext(budget, scale, contended ? 1 : budget);
 }
 
 double set_grain_scale(double scale) {

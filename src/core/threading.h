@@ -56,16 +56,16 @@ class ThreadingContext {
       : ThreadingContext(max_threads, grain_scale, max_threads) {}
 
   /// The budget of a call starting on the calling thread: sdpa::get_num_threads() threads,
-  /// fewer for small regions while other processes keep the processors busy
-  /// (threads_beside_load), and the process's grain scale (SDPA_GRAIN_SCALE, default 1;
-  /// 0 also ignores the load).
+  /// one for small regions while other processes keep the processors busy (a worker
+  /// recently started its region late: note_worker_start), and the process's grain scale
+  /// (SDPA_GRAIN_SCALE, default 1; 0 also ignores late workers).
   static ThreadingContext current();
 
   int max_threads() const { return max_threads_; }
 
   /// Threads for a region of `items` independent work items doing `work` in all:
-  /// min(budget, items, work / grain), at least 1 (serial, on the calling thread); the
-  /// budget is the load-bounded one below kLoadCapMaxGrains.
+  /// min(budget, items, work / grain), at least 1 (serial, on the calling thread); below
+  /// kLoadCapMaxGrains the budget is threads_beside_load.
   int threads_for(int64_t items, Work work) const {
     double limit = std::min(static_cast<double>(max_threads_), static_cast<double>(items));
     if (grain_scale_ > 0) {
@@ -85,13 +85,6 @@ class ThreadingContext {
   double grain_scale_;
 };
 
-/// Threads of a budget of `budget` worth waking beside other processes: the 1-minute load
-/// average `load` beyond the `budget` threads this library may keep busy itself is other
-/// processes', each holding one of the `processors`. With libgomp's default spin-waiting,
-/// a worker that finds no free processor stalls every region it takes part in for up to a
-/// scheduler time slice (docs/design.md, "Threading"). At least 1, at most `budget`.
-int threads_beside_load(int budget, int processors, double load);
-
 /// Sets the process's grain scale (tests run small shapes on several threads with 0) and
 /// returns the previous one.
 double set_grain_scale(double scale);
@@ -100,12 +93,13 @@ double set_grain_scale(double scale);
 void clear_num_threads();
 
 /// A worker that starts a region this much after the calling thread opened it waited for
-/// a processor: other processes hold them. Waking an idle worker takes 1-50 us; one that
-/// must wait for a scheduler time slice, milliseconds.
-inline constexpr int64_t kLateWorkerNs = 500'000;
-/// How long a late worker keeps regions below kLoadCapMaxGrains on the calling thread: the
-/// load average reacts to a newly busy processor only over tens of seconds, a late worker
-/// at once. After it, regions try their threads again (one slow region per period).
+/// a processor: other processes hold them. Waking an idle worker takes 1-50 us, up to
+/// about 1 ms where its virtual processor sleeps (passive wait in a VM); one that must wait
+/// for a scheduler time slice, several milliseconds.
+inline constexpr int64_t kLateWorkerNs = 2'000'000;
+/// How long a late worker keeps regions below kLoadCapMaxGrains on the calling thread.
+/// After it, regions try their threads again: under sustained contention one slow region
+/// per period.
 inline constexpr int64_t kContendedNs = 1'000'000'000;
 
 /// Monotonic nanoseconds.

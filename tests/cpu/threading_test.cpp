@@ -52,17 +52,7 @@ TEST(Threading, ThreadsCappedByItemsAndBudget) {
 }
 
 TEST(Threading, LoadOfOtherProcessesTakesProcessors) {
-  using detail::threads_beside_load;
-  // Idle, or busy with this library's own threads only: the whole budget.
-  EXPECT_EQ(threads_beside_load(2, 2, 0.0), 2);
-  EXPECT_EQ(threads_beside_load(2, 2, 2.0), 2);
-  EXPECT_EQ(threads_beside_load(8, 16, 12.0), 8);
-  // One other busy process on 2 processors: one thread; many: still one.
-  EXPECT_EQ(threads_beside_load(2, 2, 3.0), 1);
-  EXPECT_EQ(threads_beside_load(2, 2, 9.0), 1);
-  EXPECT_EQ(threads_beside_load(16, 16, 20.0), 12);
-  EXPECT_EQ(threads_beside_load(1, 2, 0.0), 1);
-  // The load bounds small regions only.
+  // Processors held by other processes bound small regions only.
   const ThreadingContext loaded(8, 1.0, 2);
   EXPECT_EQ(loaded.threads_for(1000, {100 * kGrainFlops, 0}), 2);
   EXPECT_EQ(loaded.threads_for(1000, {detail::kLoadCapMaxGrains * kGrainFlops, 0}), 8);
@@ -75,8 +65,7 @@ struct ClearNumThreads {
 };
 
 // A worker that starts a region late (it waited for a processor) keeps the small regions
-// of the next calls on the calling thread at once; the load average would take tens of
-// seconds to show the busy processor.
+// of the next calls on the calling thread at once.
 TEST(Threading, LateWorkerKeepsSmallRegionsOnTheCallingThread) {
   ClearNumThreads restore;
   set_num_threads(2);
