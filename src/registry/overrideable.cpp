@@ -60,21 +60,24 @@ constexpr detail::NamedCheck kChecks[] = {{"external_device", check_external_dev
                                           {"backend_registered", check_backend_registered},
                                           {"backend_checks", check_backend_checks}};
 
-detail::ForwardOutputs external_forward(const AttentionParams& params, SDPBackend& ran) {
+// Runs attention-family op `op` for `params` on the external device's key; `ran` gets the
+// backend that computed it (a CPU backend when the registry fell back to CPU).
+OpCall call_on_device(OpId op, const AttentionParams& params, SDPBackend& ran) {
   OpCall call;
   call.params = &params;
   call.backend = SDPBackend::OVERRIDEABLE;
-  registry::call(OpId::kAttention, call);
+  registry::call(op, call);
   ran = call.backend;
+  return call;
+}
+
+detail::ForwardOutputs external_forward(const AttentionParams& params, SDPBackend& ran) {
+  OpCall call = call_on_device(OpId::kAttention, params, ran);
   return {std::move(call.returns.at(0)), std::move(call.returns.at(1))};
 }
 
 detail::BackwardOutputs external_backward(const AttentionParams& params, SDPBackend& ran) {
-  OpCall call;
-  call.params = &params;
-  call.backend = SDPBackend::OVERRIDEABLE;
-  registry::call(OpId::kAttentionBackward, call);
-  ran = call.backend;
+  OpCall call = call_on_device(OpId::kAttentionBackward, params, ran);
   detail::BackwardOutputs outputs;
   outputs.grad_q = std::move(call.returns.at(0));
   outputs.grad_k = std::move(call.returns.at(1));
