@@ -64,17 +64,17 @@ struct Bf16Values {
   static constexpr bool kRescalesAcc = true;  // Bf16AccumulateValues applies alpha
   /// P goes to bf16 as the softmax computes it, except where dropout needs float32 P.
   bool p_in_bf16;
-  HWY_INLINE void Softmax(const DecodeCall& call, float* row_max, float* row_sum,
-                          float* alpha) const {
+  HWY_INLINE void Softmax(const DecodeCall& call) const {
     DecodeScratch& ws = call.ws;
+    const ScoreRows scores{ws.scores, call.rows, 1.0f};
     if (p_in_bf16) {
-      SoftmaxTileToBf16(ws.scores, call.rows, 1.0f, row_max, row_sum, alpha, ws.p_bf16);
+      SoftmaxTileToBf16(scores, call.state, ws.p_bf16);
     } else {
-      SoftmaxTile(ws.scores, call.rows, nullptr, 1.0f, row_max, row_sum, alpha);
+      SoftmaxTile(scores, nullptr, call.state);
     }
   }
-  HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin, int64_t c_end,
-                             const float* alpha) const {
+  HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin,
+                             int64_t c_end) const {
     DecodeScratch& ws = call.ws;
     const RowView& v_rows = call.v_rows;
     // Keys in pairs from an even column; P is 0 at masked columns (and past c_end).
@@ -88,13 +88,13 @@ struct Bf16Values {
     const RowsAhead ahead = NextTileRows(v_rows, j0, call.S);
     Bf16AccumulateValues(ws.p_bf16 + pair_begin, call.rows, kBlockKv,
                          static_cast<const uint16_t*>(v_rows.row_data(j0 + pair_begin)),
-                         v_rows.row_stride(), v_rows.cols(), c_end - pair_begin, alpha, call.acc,
+                         v_rows.row_stride(), v_rows.cols(), c_end - pair_begin, call.state.alpha, call.state.o,
                          call.ev_pad, ahead);
   }
   HWY_INLINE void Finish(const DecodeCall& call) const {
     static_assert(kDecodeRowPad % kValueBlock == 0);
     for (int64_t r = 0; r < call.rows; ++r) {
-      ValueOrderToElements(call.acc + r * call.ev_pad, call.ev_pad);
+      ValueOrderToElements(call.state.o + r * call.ev_pad, call.ev_pad);
     }
   }
 };

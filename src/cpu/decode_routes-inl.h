@@ -41,7 +41,8 @@ struct DecodeCall {
   DecodeScratch& ws;
   int64_t rows, S, e_pad, ev_pad, first_tile_end;
   float scale;
-  float* acc;
+  /// The chunk's online-softmax state; o holds the output rows [rows, ev_pad].
+  SoftmaxRows state;
 };
 
 // dst[0, padded) = row r of `rows` as float32 (times `multiplier`), zero beyond cols():
@@ -124,10 +125,9 @@ struct KeysInTile {
 /// accumulators rescaled by the caller.
 struct Float32Probabilities {
   static constexpr bool kRescalesAcc = false;
-  /// Online softmax of ws.scores' rows: P over the scores, alpha the accumulator factors.
-  HWY_INLINE void Softmax(const DecodeCall& call, float* row_max, float* row_sum,
-                          float* alpha) const {
-    SoftmaxTile(call.ws.scores, call.rows, nullptr, 1.0f, row_max, row_sum, alpha);
+  /// Online softmax of ws.scores' rows into call.state: P over the scores.
+  HWY_INLINE void Softmax(const DecodeCall& call) const {
+    SoftmaxTile({call.ws.scores, call.rows, 1.0f}, nullptr, call.state);
   }
 };
 
@@ -135,8 +135,8 @@ struct Float32Probabilities {
 struct ValuesInTile : Float32Probabilities {
   static constexpr bool kInPlace = false;
   /// acc += P[:, c_begin, c_end) . value rows j0 + [c_begin, c_end).
-  HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin, int64_t c_end,
-                             const float*) const {
+  HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin,
+                             int64_t c_end) const {
     DecodeScratch& ws = call.ws;
     const int64_t ev_pad = call.ev_pad;
     for (int64_t c = c_begin; c < c_end; ++c) {
@@ -146,7 +146,7 @@ struct ValuesInTile : Float32Probabilities {
     // P.v with register-blocked accumulators (the rows' outputs stay in registers over
     // the tile's keys instead of a load and store per key).
     Gemm(call.rows, ev_pad, c_end - c_begin, ws.scores + c_begin, kBlockKv,
-         ws.tile + c_begin * ev_pad, ev_pad, call.acc, ev_pad, true);
+         ws.tile + c_begin * ev_pad, ev_pad, call.state.o, ev_pad, true);
   }
   /// Puts the accumulators in element order (they are).
   HWY_INLINE void Finish(const DecodeCall&) const {}
@@ -235,18 +235,18 @@ struct KeysInPlace {
 struct ValuesInPlace : Float32Probabilities {
   static constexpr bool kInPlace = true;
   KvRows kind;
-  HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin, int64_t c_end,
-                             const float*) const {
+  HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin,
+                             int64_t c_end) const {
     ForKvRows(kind, [&](auto rows_kind) HWY_ATTR {
       AccumulateTileInPlace<decltype(rows_kind)::value>(call.ws.scores + c_begin, call.rows,
                                                         call.v_rows, j0 + c_begin, c_end - c_begin,
-                                                        j0, call.S, call.acc, call.ev_pad);
+                                                        j0, call.S, call.state.o, call.ev_pad);
     });
   }
   HWY_INLINE void Finish(const DecodeCall& call) const {
     if (kind != KvRows::kBFloat16) return;
     const int64_t split = round_up(call.v_rows.cols(), SplitBlock());
-    for (int64_t r = 0; r < call.rows; ++r) SplitRow(call.acc + r * call.ev_pad, split, true);
+    for (int64_t r = 0; r < call.rows; ++r) SplitRow(call.state.o + r * call.ev_pad, split, true);
   }
 };
 #endif  // HWY_TARGET != HWY_SCALAR

@@ -102,12 +102,12 @@ bool use_head_pass(const AttentionParams& p, int threads, bool bf16, bool captur
   return heads % threads == 0 || heads >= 4 * threads;
 }
 
-void head_pass(const AttentionParams& p, int threads, bool bf16,
-               const FlashBackwardKernels& kernels, const float* d, FlexBackward* fg,
-               detail::BackwardOutputs& out) {
+void head_pass(const BackwardCall& call, int threads, bool bf16,
+               const FlashBackwardKernels& kernels) {
+  const AttentionParams& p = call.p;
   detail::ParallelErrors errors;
   detail::run_region(threads, [&] {
-    FlashBackwardScratch scratch(p, fg, bf16);
+    FlashBackwardScratch scratch(p, call.flex_grad, bf16);
     std::optional<PackedBackwardGroup> group;
     Tensor dq_acc;
     try {
@@ -126,8 +126,7 @@ void head_pass(const AttentionParams& p, int threads, bool bf16,
         for (int64_t qi = 0; qi < p.group_size() * q_blocks; ++qi) {
           group->pack_q(p, b, hk, qi / q_blocks, (qi % q_blocks) * kBlockQ);
         }
-        kernels.head(p, *group, d, fg, b, hk, scratch, dq_acc.data<float>(), out.grad_q,
-                     out.grad_k, out.grad_v);
+        kernels.head(call, *group, {b, hk, 0}, scratch, dq_acc.data<float>());
       } catch (...) {
         errors.capture();
       }
@@ -153,7 +152,6 @@ void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
   const bool bf16 = uses_bf16_dot(p);
   const detail::ThreadingContext context = detail::ThreadingContext::current();
   const Tensor delta = rowsum_dout_out(p, context);
-  const float* d = delta.data<float>();
   const int64_t kv_blocks = (p.kv_len + kBlockKv - 1) / kBlockKv;
   const int64_t q_blocks = (p.q_len + kBlockQ - 1) / kBlockQ;
   // Captured-tensor gradients are summed per chunk of consecutive q items of a group; each
@@ -167,10 +165,11 @@ void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
     flex_grad->captured.emplace(flex_grad->program, p.mask.score_mod->captured(), chunks);
   }
   FlexBackward* fg = flex_grad ? &*flex_grad : nullptr;
+  const BackwardCall call{p, delta.data<float>(), fg, out, static_cast<float>(p.scale)};
   const detail::Work work = backward_work(p);
   const int head_threads = context.threads_for(p.batch * p.num_heads_kv, work);
   if (use_head_pass(p, head_threads, bf16, fg && fg->captured->active())) {
-    return head_pass(p, head_threads, bf16, kernels, d, fg, out);
+    return head_pass(call, head_threads, bf16, kernels);
   }
   PackedBackwardGroup group(p, bf16);
   detail::ParallelErrors errors;
@@ -199,8 +198,7 @@ void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t jb = 0; jb < kv_blocks; ++jb) {
         try {
-          kernels.kv_block(p, group, d, fg, b, hk, jb * kBlockKv, scratch, nullptr,
-                           out.grad_k, out.grad_v);
+          kernels.kv_block(call, group, {b, hk, jb * kBlockKv}, scratch, nullptr);
         } catch (...) {
           errors.capture();
         }
@@ -210,8 +208,10 @@ void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
         try {
           for (int64_t item = chunk * group_items / chunks;
                item < (chunk + 1) * group_items / chunks; ++item) {
-            kernels.q_block(p, group, d, fg, chunk, b, hk * p.group_size() + item / q_blocks,
-                            (item % q_blocks) * kBlockQ, scratch, out.grad_q);
+            const int64_t q_begin = (item % q_blocks) * kBlockQ;
+            const QueryTile q{b, hk * p.group_size() + item / q_blocks, q_begin,
+                              std::min(kBlockQ, p.q_len - q_begin)};
+            kernels.q_block(call, group, q, chunk, scratch);
           }
         } catch (...) {
           errors.capture();

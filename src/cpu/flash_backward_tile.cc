@@ -12,8 +12,9 @@
 #include "cpu/bf16_dot.h"
 #include "cpu/flash_backward_tile.h"
 #include "cpu/gemm-inl.h"
+#include "cpu/kernel_context.h"
 #include "cpu/pack_backward.h"
-#include "cpu/philox.h"
+#include "cpu/target_kernels-inl.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -25,21 +26,25 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 namespace {
 
-// vdpbf16ps kernels exist only at the AVX512 level, the only one uses_bf16_dot() allows.
-#if HWY_TARGET == HWY_AVX3
-constexpr bool kBf16Target = true;
-#else
-constexpr bool kBf16Target = false;
-#endif
+// vdpbf16ps kernels exist only at the AVX512 level, the only one uses_bf16_dot() allows
+// (TargetKernels::kBf16Dot); elsewhere the bf16 branches are discarded.
+constexpr bool kBf16Target = TargetKernels::kBf16Dot;
 
 // dscore (w.r.t. the score_mod's output) becomes the gradient w.r.t. its input; with
 // chunk >= 0 the captured tensors' gradients dscore * d(score_mod)/d(read) are scattered
 // to that chunk. Lanes with dscore == 0 (masked, dropped) contribute nothing.
-void ChainThroughScoreMod(FlexBackward& fg, int64_t chunk, int64_t b, int64_t h, int64_t i,
-                          int64_t kv_begin, int64_t cols, const float* mod_input, float* dscore,
+// Row i of pair `t`: mod_input the scores as score_mod saw them, dscore the row's dS.
+struct ScoreRowGrad {
+  int64_t i;
+  const float* mod_input;
+  float* dscore;
+};
+void ChainThroughScoreMod(FlexBackward& fg, const BlockPair& t, const ScoreRowGrad& row,
                           FlashBackwardScratch& ws) {
   flex::RowBuffers& rows = *ws.grad_rows;
-  flex::HWY_NAMESPACE::EvaluateRow(rows, mod_input, b, h, i, kv_begin, cols);
+  const int64_t chunk = t.chunk, cols = t.cols;
+  float* dscore = row.dscore;
+  flex::HWY_NAMESPACE::EvaluateRow(rows, row.mod_input, t.q.b, t.q.h, row.i, t.kv_begin, cols);
   const flex::GradientProgram& g = fg.program;
   for (int32_t id : g.program->outputs) flex::HWY_NAMESPACE::MaterializeLanes(rows, id);
   if (chunk >= 0) {
@@ -60,21 +65,20 @@ void ChainThroughScoreMod(FlexBackward& fg, int64_t chunk, int64_t b, int64_t h,
   for (int64_t j = 0; j < cols; ++j) dscore[j] = dscore[j] == 0.0f ? 0.0f : dscore[j] * d_score[j];
 }
 
-// For q rows [q_begin, q_begin + rows) of head h (the group's g-th) against key tile
-// [kv_begin, +cols) of `group`, leaves
+// For pair t of `group`, leaves
 //   ws.probs   = P o Z (dropped, rescaled probabilities: what multiplied v),
 //   ws.dscores = dS = P o (Z o dP - D)  (the gradient of the scaled, masked scores,
 //                times d(score_mod)/d(score) for flex calls).
-// Masked and padding columns and fully masked rows get zeros in both. With chunk >= 0,
+// Masked and padding columns and fully masked rows get zeros in both. With t.chunk >= 0,
 // also adds the flex captured-tensor gradients of these elements to that chunk.
-void ProbsAndScoreGrads(const AttentionParams& p, const PackedBackwardGroup& group,
-                        const float* delta, FlexBackward* flex_grad, int64_t chunk, int64_t b,
-                        int64_t h, int64_t q_begin, int64_t rows, int64_t kv_begin, int64_t cols,
-                        FlashBackwardScratch& ws) {
+void ProbsAndScoreGrads(const BackwardCall& call, const PackedBackwardGroup& group,
+                        const BlockPair& t, FlashBackwardScratch& ws) {
+  const AttentionParams& p = call.p;
   const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t L = p.q_len, S = p.kv_len;
-  const int64_t g = h % p.group_size(), tile = kv_begin / kBlockKv;
+  const int64_t b = t.q.b, h = t.q.h, q_begin = t.q.q_begin, rows = t.q.rows;
+  const int64_t g = t.g, kv_begin = t.kv_begin, cols = t.cols, tile = kv_begin / kBlockKv;
   if (kBf16Target && group.bf16()) {
     Bf16Gemm(rows, kBlockKv, group.e2() / 2, group.q_bf16(g, q_begin), group.e2(),
              group.k_dim_pairs(tile), ws.probs, kBlockKv, false);
@@ -82,7 +86,7 @@ void ProbsAndScoreGrads(const AttentionParams& p, const PackedBackwardGroup& gro
              group.v_dim_pairs(tile), ws.dscores, kBlockKv, false);
     // Unscaled bf16 q: the scale multiplies the float32 scores, as in the forward.
     for (int64_t r = 0; r < rows; ++r) {
-      ScaleRow(ws.probs + r * kBlockKv, kBlockKv, static_cast<float>(p.scale));
+      ScaleRow(ws.probs + r * kBlockKv, kBlockKv, call.scale);
     }
   } else {
     Gemm(rows, kBlockKv, p.head_dim_qk, group.q(g, q_begin), group.e_pad(), group.k_t(tile),
@@ -91,29 +95,25 @@ void ProbsAndScoreGrads(const AttentionParams& p, const PackedBackwardGroup& gro
          group.v_t(tile), kBlockKv, ws.dscores, kBlockKv, false);
   }
   const DenseMaskRows dense(p.mask, b, h);
-  const int64_t row0 = (b * p.num_heads_q + h) * L;
-  const float* lse = p.lse.data<float>();
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = q_begin + r;
     float* prob = ws.probs + r * kBlockKv;
     float* dscore = ws.dscores + r * kBlockKv;
-    // lse is read through the tensor's strides: the caller's view may be non-contiguous.
-    const float row_lse = lse[b * p.lse.stride(0) + h * p.lse.stride(1) + i * p.lse.stride(2)];
-    if (row_lse == kNegInf) {  // fully masked row: no gradient flows
+    const float row_lse = lse_at(p.lse, b, h, i);
+    if (is_masked_lse(row_lse)) {  // fully masked row: no gradient flows
       std::fill(prob, prob + kBlockKv, 0.0f);
       std::fill(dscore, dscore + kBlockKv, 0.0f);
       continue;
     }
     // The scores as score_mod saw them, kept only for its derivative.
-    float* mod_input = flex_grad ? ws.mod_input + r * kBlockKv : nullptr;
+    float* mod_input = call.flex_grad ? ws.mod_input + r * kBlockKv : nullptr;
     MaskScoreRow(p, dense, &ws.flex, b, h, i, row_columns(p.mask, b, i, L, S), kv_begin, cols,
                  prob, mod_input);
     const auto vlse = hn::Set(d, row_lse);
-    const auto vdelta = hn::Set(d, delta[row0 + i]);
+    const auto vdelta = hn::Set(d, call.delta[query_row_index(p, b, h, i)]);
     if (p.has_dropout()) {
       std::fill(ws.keep, ws.keep + kBlockKv, 1.0f);
-      DropoutStream(p.dropout.philox, p.dropout.p)
-          .apply(static_cast<uint64_t>((row0 + i) * S + kv_begin), ws.keep, cols);
+      apply_dropout(p, b, h, i, kv_begin, ws.keep, cols);
     }
     for (int64_t j = 0; j < kBlockKv; j += lanes) {
       const auto pr = FastExp(d, hn::Sub(hn::LoadU(d, prob + j), vlse));
@@ -127,15 +127,15 @@ void ProbsAndScoreGrads(const AttentionParams& p, const PackedBackwardGroup& gro
       hn::StoreU(hn::Mul(pr, hn::Sub(dp, vdelta)), d, dscore + j);
       hn::StoreU(pr_dropped, d, prob + j);
     }
-    if (flex_grad) ChainThroughScoreMod(*flex_grad, chunk, b, h, i, kv_begin, cols, mod_input,
-                                        dscore, ws);
+    if (call.flex_grad) ChainThroughScoreMod(*call.flex_grad, t, {i, mod_input, dscore}, ws);
   }
 }
 
-// dQ (unscaled) += dS k for one (q block, key tile) whose dS is in ws.dscores.
-void AccumulateGradQ(const PackedBackwardGroup& group, int64_t rows, int64_t kv_begin,
-                     int64_t cols, FlashBackwardScratch& ws, float* dq) {
-  const int64_t e_pad = group.e_pad(), tile = kv_begin / kBlockKv;
+// dQ (unscaled) += dS k for pair t, whose dS is in ws.dscores.
+void AccumulateGradQ(const PackedBackwardGroup& group, const BlockPair& t,
+                     FlashBackwardScratch& ws, float* dq) {
+  const int64_t e_pad = group.e_pad(), tile = t.kv_begin / kBlockKv;
+  const int64_t rows = t.q.rows, cols = t.cols;
   if (kBf16Target && group.bf16()) {
     for (int64_t r = 0; r < rows; ++r) {
       ConvertRowToBf16(ws.dscores + r * kBlockKv, ws.ds_bf16 + r * kBlockKv, kBlockKv);
@@ -147,11 +147,12 @@ void AccumulateGradQ(const PackedBackwardGroup& group, int64_t rows, int64_t kv_
   Gemm(rows, e_pad, cols, ws.dscores, kBlockKv, group.k(tile), e_pad, dq, e_pad, true);
 }
 
-// dV += (P o Z)^T dO and dK += dS^T q for one (q block, key tile) whose P o Z and dS are in
-// ws.probs / ws.dscores; in bf16 mode dK misses the scale (the caller applies it).
-void AccumulateGradKv(const PackedBackwardGroup& group, int64_t g, int64_t q_begin,
-                      int64_t rows, int64_t cols, FlashBackwardScratch& ws) {
+// dV += (P o Z)^T dO and dK += dS^T q for pair t, whose P o Z and dS are in ws.probs /
+// ws.dscores; in bf16 mode dK misses the scale (the caller applies it).
+void AccumulateGradKv(const PackedBackwardGroup& group, const BlockPair& t,
+                      FlashBackwardScratch& ws) {
   const int64_t e_pad = group.e_pad(), ev_pad = group.ev_pad();
+  const int64_t g = t.g, q_begin = t.q.q_begin, rows = t.q.rows, cols = t.cols;
   if (kBf16Target && group.bf16()) {
     // P^T and dS^T as A operands read from pairs over the q rows.
     for (int64_t r = 0; r < rows; r += 2) {
@@ -177,80 +178,74 @@ void AccumulateGradKv(const PackedBackwardGroup& group, int64_t g, int64_t q_beg
        kBlockKv);
 }
 
-// grad_q rows [q_begin, q_begin + rows) of head h = scale * dq (rows e_pad floats apart).
-void StoreGradQ(const AttentionParams& p, int64_t b, int64_t h, int64_t q_begin, int64_t rows,
-                int64_t e_pad, float* dq, const Tensor& grad_q) {
-  const RowView dq_rows(grad_q, b, h);
-  for (int64_t r = 0; r < rows; ++r) {
-    ScaleRow(dq + r * e_pad, e_pad, static_cast<float>(p.scale));
-    dq_rows.store(q_begin + r, dq + r * e_pad);
+// grad_q rows `q` = scale * dq (rows e_pad floats apart).
+void StoreGradQ(const BackwardCall& call, const QueryTile& q, int64_t e_pad, float* dq) {
+  const RowView dq_rows(call.grads.grad_q, q.b, q.h);
+  for (int64_t r = 0; r < q.rows; ++r) {
+    ScaleRow(dq + r * e_pad, e_pad, call.scale);
+    dq_rows.store(q.q_begin + r, dq + r * e_pad);
   }
 }
 
 }  // namespace
 
-void FlashKvBlockBackward(const AttentionParams& p, const PackedBackwardGroup& group,
-                          const float* delta, FlexBackward* flex_grad, int64_t b, int64_t hk,
-                          int64_t kv_begin, FlashBackwardScratch& ws, float* dq_acc,
-                          const Tensor& grad_k, const Tensor& grad_v) {
-  const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
+void FlashKvBlockBackward(const BackwardCall& call, const PackedBackwardGroup& group,
+                          const KvTile& kv, FlashBackwardScratch& ws, float* dq_acc) {
+  const AttentionParams& p = call.p;
+  const int64_t cols = std::min(kBlockKv, p.kv_len - kv.kv_begin);
   const int64_t e_pad = group.e_pad(), ev_pad = group.ev_pad();
   std::fill(ws.dk, ws.dk + cols * e_pad, 0.0f);
   std::fill(ws.dv, ws.dv + cols * ev_pad, 0.0f);
   for (int64_t g = 0; g < p.group_size(); ++g) {
-    const int64_t h = hk * p.group_size() + g;
+    const int64_t h = kv.hk * p.group_size() + g;
     for (int64_t q_begin = 0; q_begin < p.q_len; q_begin += kBlockQ) {
       const int64_t rows = std::min(kBlockQ, p.q_len - q_begin);
-      const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
-      if (kv_begin < tiles.first || kv_begin >= tiles.end) continue;
-      ProbsAndScoreGrads(p, group, delta, flex_grad, -1, b, h, q_begin, rows, kv_begin, cols, ws);
-      AccumulateGradKv(group, g, q_begin, rows, cols, ws);
+      const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, kv.b, h, q_begin, q_begin + rows);
+      if (kv.kv_begin < tiles.first || kv.kv_begin >= tiles.end) continue;
+      const BlockPair t{{kv.b, h, q_begin, rows}, g, kv.kv_begin, cols, -1};
+      ProbsAndScoreGrads(call, group, t, ws);
+      AccumulateGradKv(group, t, ws);
       // The same call as FlashQBlockBackward's, so the sums are bit-identical.
-      if (dq_acc) {
-        AccumulateGradQ(group, rows, kv_begin, cols, ws, dq_acc + (g * p.q_len + q_begin) * e_pad);
-      }
+      if (dq_acc) AccumulateGradQ(group, t, ws, dq_acc + (g * p.q_len + q_begin) * e_pad);
     }
   }
-  const RowView dk_rows(grad_k, b, hk), dv_rows(grad_v, b, hk);
+  const RowView dk_rows(call.grads.grad_k, kv.b, kv.hk), dv_rows(call.grads.grad_v, kv.b, kv.hk);
   const bool unscaled_q = kBf16Target && group.bf16();
   for (int64_t c = 0; c < cols; ++c) {
-    if (unscaled_q) ScaleRow(ws.dk + c * e_pad, e_pad, static_cast<float>(p.scale));
-    dk_rows.store(kv_begin + c, ws.dk + c * e_pad);
-    dv_rows.store(kv_begin + c, ws.dv + c * ev_pad);
+    if (unscaled_q) ScaleRow(ws.dk + c * e_pad, e_pad, call.scale);
+    dk_rows.store(kv.kv_begin + c, ws.dk + c * e_pad);
+    dv_rows.store(kv.kv_begin + c, ws.dv + c * ev_pad);
   }
 }
 
-void FlashQBlockBackward(const AttentionParams& p, const PackedBackwardGroup& group,
-                         const float* delta, FlexBackward* flex_grad, int64_t chunk, int64_t b,
-                         int64_t h, int64_t q_begin, FlashBackwardScratch& ws,
-                         const Tensor& grad_q) {
-  const int64_t rows = std::min(kBlockQ, p.q_len - q_begin);
+void FlashQBlockBackward(const BackwardCall& call, const PackedBackwardGroup& group,
+                         const QueryTile& q, int64_t chunk, FlashBackwardScratch& ws) {
+  const AttentionParams& p = call.p;
   const int64_t e_pad = group.e_pad();
-  std::fill(ws.dq, ws.dq + rows * e_pad, 0.0f);
-  const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, b, h, q_begin, q_begin + rows);
+  std::fill(ws.dq, ws.dq + q.rows * e_pad, 0.0f);
+  const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, q.b, q.h, q.q_begin, q.q_begin + q.rows);
   for (int64_t kv_begin = tiles.first; kv_begin < tiles.end; kv_begin += kBlockKv) {
-    const int64_t cols = std::min(kBlockKv, p.kv_len - kv_begin);
-    ProbsAndScoreGrads(p, group, delta, flex_grad, chunk, b, h, q_begin, rows, kv_begin, cols,
-                       ws);
-    AccumulateGradQ(group, rows, kv_begin, cols, ws, ws.dq);  // times scale below
+    const BlockPair t{q, q.h % p.group_size(), kv_begin, std::min(kBlockKv, p.kv_len - kv_begin),
+                      chunk};
+    ProbsAndScoreGrads(call, group, t, ws);
+    AccumulateGradQ(group, t, ws, ws.dq);  // times scale below
   }
-  StoreGradQ(p, b, h, q_begin, rows, e_pad, ws.dq, grad_q);
+  StoreGradQ(call, q, e_pad, ws.dq);
 }
 
-void FlashHeadBackward(const AttentionParams& p, const PackedBackwardGroup& group,
-                       const float* delta, FlexBackward* flex_grad, int64_t b, int64_t hk,
-                       FlashBackwardScratch& ws, float* dq_acc, const Tensor& grad_q,
-                       const Tensor& grad_k, const Tensor& grad_v) {
+void FlashHeadBackward(const BackwardCall& call, const PackedBackwardGroup& group,
+                       const KvTile& head, FlashBackwardScratch& ws, float* dq_acc) {
+  const AttentionParams& p = call.p;
   const int64_t e_pad = group.e_pad();
   std::fill(dq_acc, dq_acc + p.group_size() * p.q_len * e_pad, 0.0f);
   for (int64_t kv_begin = 0; kv_begin < p.kv_len; kv_begin += kBlockKv) {
-    FlashKvBlockBackward(p, group, delta, flex_grad, b, hk, kv_begin, ws, dq_acc, grad_k,
-                         grad_v);
+    FlashKvBlockBackward(call, group, {head.b, head.hk, kv_begin}, ws, dq_acc);
   }
   for (int64_t g = 0; g < p.group_size(); ++g) {
     for (int64_t q_begin = 0; q_begin < p.q_len; q_begin += kBlockQ) {
-      StoreGradQ(p, b, hk * p.group_size() + g, q_begin, std::min(kBlockQ, p.q_len - q_begin),
-                 e_pad, dq_acc + (g * p.q_len + q_begin) * e_pad, grad_q);
+      const QueryTile q{head.b, head.hk * p.group_size() + g, q_begin,
+                        std::min(kBlockQ, p.q_len - q_begin)};
+      StoreGradQ(call, q, e_pad, dq_acc + (g * p.q_len + q_begin) * e_pad);
     }
   }
 }

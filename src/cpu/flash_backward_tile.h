@@ -7,6 +7,7 @@
 
 #include "cpu/capability.h"
 #include "cpu/flash_tile.h"
+#include "cpu/kernel_context.h"
 #include "flex/autodiff.h"
 #include "flex/captured_grads.h"
 #include "sdpa/params.h"
@@ -45,35 +46,35 @@ struct FlashBackwardScratch {
 
 class PackedBackwardGroup;
 
-/// Pass 1: grad_k / grad_v rows [kv_begin, kv_begin + kBlockKv) of kv head `hk`, summed
-/// over the query heads of its group (packed in `group`). `delta` is rowsum(dO o O),
-/// float32 [B, Hq, L]. A non-null `dq_acc` [group_size, L, E_pad] also receives this key
-/// tile's share of the group's unscaled dQ (FlashHeadBackward).
-using FlashKvBlockBackwardFn = void (*)(const AttentionParams& params,
-                                        const PackedBackwardGroup& group, const float* delta,
-                                        FlexBackward* flex_grad, int64_t b, int64_t hk,
-                                        int64_t kv_begin, FlashBackwardScratch& scratch,
-                                        float* dq_acc, const Tensor& grad_k,
-                                        const Tensor& grad_v);
-/// Pass 2: grad_q rows [q_begin, q_begin + kBlockQ) of head `h`; captured-tensor
-/// gradients go to `chunk` of flex_grad->captured.
-using FlashQBlockBackwardFn = void (*)(const AttentionParams& params,
-                                       const PackedBackwardGroup& group, const float* delta,
-                                       FlexBackward* flex_grad, int64_t chunk, int64_t b,
-                                       int64_t h, int64_t q_begin,
-                                       FlashBackwardScratch& scratch, const Tensor& grad_q);
+/// Keys [kv_begin, kv_begin + kBlockKv) of kv head `hk` of batch `b` (kv_begin unused by
+/// FlashHeadBackward, which covers all keys).
+struct KvTile {
+  int64_t b;
+  int64_t hk;
+  int64_t kv_begin;
+};
 
-/// One pass over (b, hk): every key tile's grad_k / grad_v and, summed in `dq_acc`
-/// [group_size, L, E_pad] (scratch), grad_q of the group's query heads: five GEMMs per
-/// (q block, key tile) instead of the two passes' seven (pass 2 recomputes S and dP).
+/// Pass 1: grad_k / grad_v rows of key tile `kv`, summed over the query heads of its
+/// group (packed in `group`). A non-null `dq_acc` [group_size, L, E_pad] also receives this
+/// key tile's share of the group's unscaled dQ (FlashHeadBackward).
+using FlashKvBlockBackwardFn = void (*)(const BackwardCall& call, const PackedBackwardGroup& group,
+                                        const KvTile& kv, FlashBackwardScratch& scratch,
+                                        float* dq_acc);
+
+/// Pass 2: grad_q rows `q`; captured-tensor gradients go to `chunk` of
+/// call.flex_grad->captured.
+using FlashQBlockBackwardFn = void (*)(const BackwardCall& call, const PackedBackwardGroup& group,
+                                       const QueryTile& q, int64_t chunk,
+                                       FlashBackwardScratch& scratch);
+
+/// One pass over (b, hk) of `head`: every key tile's grad_k / grad_v and, summed in
+/// `dq_acc` [group_size, L, E_pad] (scratch), grad_q of the group's query heads: five GEMMs
+/// per (q block, key tile) instead of the two passes' seven (pass 2 recomputes S and dP).
 /// Each dQ block sums the key tiles in the order pass 2 does, so both give the same bits.
 /// Not for flex calls with captured-tensor gradients (their chunks follow pass 2's order).
-using FlashHeadBackwardFn = void (*)(const AttentionParams& params,
-                                     const PackedBackwardGroup& group, const float* delta,
-                                     FlexBackward* flex_grad, int64_t b, int64_t hk,
-                                     FlashBackwardScratch& scratch, float* dq_acc,
-                                     const Tensor& grad_q, const Tensor& grad_k,
-                                     const Tensor& grad_v);
+using FlashHeadBackwardFn = void (*)(const BackwardCall& call, const PackedBackwardGroup& group,
+                                     const KvTile& head, FlashBackwardScratch& scratch,
+                                     float* dq_acc);
 
 struct FlashBackwardKernels {
   FlashKvBlockBackwardFn kv_block;

@@ -4,15 +4,14 @@
 #include "cpu/flash_decode.h"
 
 #include <algorithm>
-#include <cmath>
 #include <iterator>
-#include <limits>
 #include <vector>
 
 #include "core/parallel.h"
 #include "core/threading.h"
 #include "cpu/kernels.h"
-#include "cpu/nan_max.h"
+#include "cpu/kernel_context.h"
+#include "cpu/online_softmax.h"
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
@@ -72,18 +71,29 @@ int64_t decode_chunk_len(const AttentionParams& p) {
 
 namespace {
 
-// Merges the chunks of every row in chunk order (out = sum_c e^(m_c - m) acc_c / l,
-// l = sum_c e^(m_c - m) l_c): fixed order, so any thread count gives the same bits.
-// `base` holds per (group, chunk) item acc [rows, Ev_pad], then max [rows] and sum [rows].
+// The partial states of the (group, chunk) items in one buffer: per item o [rows, Ev_pad],
+// then m [rows] and l [rows].
+struct ChunkPartials {
+  float* base;
+  int64_t chunks, rows, ev_pad;
+
+  int64_t item_floats() const { return rows * (ev_pad + 2); }
+  SoftmaxRows item(int64_t group, int64_t chunk) const {
+    float* o = base + (group * chunks + chunk) * item_floats();
+    return {o + rows * ev_pad, o + rows * ev_pad + rows, nullptr, o, ev_pad};
+  }
+};
+
+// Merges the chunks of every row in chunk order (PartialMerge): fixed order, so any
+// thread count gives the same bits.
 void merge_chunks(const AttentionParams& p, const detail::ThreadingContext& context,
-                  const float* base, int64_t chunks, const Tensor& out, const Tensor& lse) {
-  const int64_t L = p.q_len, G = p.group_size(), rows = G * L;
-  const int64_t groups = p.batch * p.num_heads_kv;
-  const int64_t ev_pad = round_up(std::max<int64_t>(p.head_dim_vo, 1), kDecodeRowPad);
-  const int64_t item_floats = rows * (ev_pad + 2);
+                  const ChunkPartials& partials, const Tensor& out, const Tensor& lse) {
+  const int64_t L = p.q_len, G = p.group_size(), rows = partials.rows;
+  const int64_t groups = p.batch * p.num_heads_kv, chunks = partials.chunks;
+  const int64_t ev_pad = partials.ev_pad;
   float* lse_data = lse.data<float>();
   // Memory-bound: every partial is read once.
-  const double bytes = 4.0 * static_cast<double>(groups * chunks * item_floats);
+  const double bytes = 4.0 * static_cast<double>(groups * chunks * partials.item_floats());
   detail::run_region(context.threads_for(groups, {0, bytes}), [&] {
 #pragma omp for schedule(static)
     for (int64_t group = 0; group < groups; ++group) {
@@ -91,34 +101,24 @@ void merge_chunks(const AttentionParams& p, const detail::ThreadingContext& cont
       std::vector<float> row(static_cast<size_t>(ev_pad));
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t h = hk * G + r / L, i = r % L;
-        float max = -std::numeric_limits<float>::infinity();
+        PartialMerge<float> merge;
         for (int64_t c = 0; c < chunks; ++c) {
-          const float* item = base + (group * chunks + c) * item_floats;
-          // A chunk with a NaN score has a NaN sum (its max may be -inf when every score
-          // is NaN): it makes the row's max, and so the row, NaN.
-          const float chunk_sum = item[rows * ev_pad + rows + r];
-          if (!(chunk_sum <= 0.0f)) {
-            max = max_keeping_nan(max, std::isnan(chunk_sum) ? chunk_sum : item[rows * ev_pad + r]);
-          }
+          const SoftmaxRows item = partials.item(group, c);
+          merge.see(item.m[r], item.l[r]);
         }
         std::fill(row.begin(), row.end(), 0.0f);
-        float sum = 0.0f;
-        for (int64_t c = 0; c < chunks && max != -std::numeric_limits<float>::infinity(); ++c) {
-          const float* item = base + (group * chunks + c) * item_floats;
-          const float chunk_sum = item[rows * ev_pad + rows + r];
-          if (chunk_sum <= 0.0f) continue;  // NaN sums go on
-          const float w = std::exp(item[rows * ev_pad + r] - max);
-          sum += w * chunk_sum;
-          const float* acc = item + r * ev_pad;
-          for (int64_t e = 0; e < ev_pad; ++e) row[static_cast<size_t>(e)] += w * acc[e];
+        float l = 0.0f;
+        for (int64_t c = 0; c < chunks && !merge.empty(); ++c) {
+          const SoftmaxRows item = partials.item(group, c);
+          if (!contributes(item.l[r])) continue;
+          const float w = merge.weight(item.m[r]);
+          l += w * item.l[r];
+          const float* o = item.o + r * ev_pad;
+          for (int64_t e = 0; e < ev_pad; ++e) row[static_cast<size_t>(e)] += w * o[e];
         }
-        float* lse_row = lse_data + (b * p.num_heads_q + h) * L + i;
-        if (!(sum <= 0.0f)) {  // positive or NaN
-          for (float& x : row) x /= sum;
-          *lse_row = max + std::log(sum);
-        } else {  // fully masked row
-          *lse_row = -std::numeric_limits<float>::infinity();
-        }
+        const RowFinish<float> end = finalize(merge.max(), l);
+        for (float& x : row) x = end.masked ? 0.0f : x * end.inv_l;
+        lse_data[query_row_index(p, b, h, i)] = end.lse;
         RowView(out, b, h).store(i, row.data());
       }
     }
@@ -137,11 +137,10 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
   const DecodeChunkFn chunk_fn = decode_chunk_for(active_capability());
   const bool bf16_dot = uses_bf16_dot(p);
 
-  // Per (group, chunk) item: acc [rows, Ev_pad], then max [rows] and sum [rows].
-  const int64_t item_floats = rows * (ev_pad + 2);
-  const Tensor partials =
-      Tensor::empty({std::max<int64_t>(groups * chunks * item_floats, 1)}, DType::kFloat32);
-  float* const base = partials.data<float>();
+  ChunkPartials partials{nullptr, chunks, rows, ev_pad};
+  const Tensor buffer = Tensor::empty(
+      {std::max<int64_t>(groups * chunks * partials.item_floats(), 1)}, DType::kFloat32);
+  partials.base = buffer.data<float>();
   detail::ParallelErrors errors;
   const int64_t items = groups * chunks;
   const detail::ThreadingContext context = detail::ThreadingContext::current();
@@ -156,10 +155,9 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
     for (int64_t item = 0; item < items; ++item) {
       try {
         const int64_t group = item / chunks, chunk = item % chunks;
-        float* acc = base + item * item_floats;
-        chunk_fn(p, group / p.num_heads_kv, group % p.num_heads_kv, chunk * chunk_len,
-                 std::min(p.kv_len, (chunk + 1) * chunk_len), scratch, acc, acc + rows * ev_pad,
-                 acc + rows * ev_pad + rows);
+        const DecodeItem work{group / p.num_heads_kv, group % p.num_heads_kv, chunk * chunk_len,
+                              std::min(p.kv_len, (chunk + 1) * chunk_len)};
+        chunk_fn(p, work, scratch, partials.item(group, chunk));
       } catch (...) {
         errors.capture();
       }
@@ -167,7 +165,7 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
   });
   errors.rethrow();
 
-  merge_chunks(p, context, base, chunks, out, lse);
+  merge_chunks(p, context, partials, out, lse);
 }
 
 }  // namespace sdpa::cpu

@@ -12,6 +12,7 @@
 
 #include "cpu/capability.h"
 #include "cpu/flash_tile.h"
+#include "cpu/online_softmax.h"
 #include "sdpa/params.h"
 
 namespace sdpa::cpu {
@@ -70,13 +71,21 @@ struct DecodeScratch {
   Tensor buffer_;
 };
 
-/// Runs query rows of kv head `hk` of batch `b` over keys [kv_begin, kv_end) and writes
-/// their partial state: acc [rows, Ev_pad] (unnormalized output), row_max and row_sum
-/// [rows] (row_sum 0 when the chunk has no visible key for a row). Rows are ordered
-/// (query head of the group, query position).
-using DecodeChunkFn = void (*)(const AttentionParams& params, int64_t b, int64_t hk,
-                               int64_t kv_begin, int64_t kv_end, DecodeScratch& scratch, float* acc,
-                               float* row_max, float* row_sum);
+/// One work item of the split-KV decode: the query rows of kv head `hk` of batch `b` (the
+/// GQA group's heads times q_len, ordered (query head of the group, query position)) over
+/// keys [kv_begin, kv_end).
+struct DecodeItem {
+  int64_t b;
+  int64_t hk;
+  int64_t kv_begin;
+  int64_t kv_end;
+};
+
+/// Runs `item` and writes its rows' partial online-softmax state (online_softmax.h) to
+/// `out`: o [rows, Ev_pad] (unnormalized output), m and l [rows] (l = 0 for a row without
+/// a visible key in the chunk). out.alpha is not used.
+using DecodeChunkFn = void (*)(const AttentionParams& params, const DecodeItem& item,
+                               DecodeScratch& scratch, const SoftmaxRows& out);
 
 /// The chunk function compiled for `capability`.
 DecodeChunkFn decode_chunk_for(Capability capability);

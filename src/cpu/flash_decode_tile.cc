@@ -12,11 +12,12 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cpu/decode_bf16_avx3-inl.h"
 #include "cpu/decode_routes-inl.h"
 #include "cpu/flash_decode.h"
-#include "cpu/philox.h"
+#include "cpu/kernel_context.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/highway.h"
 
@@ -27,87 +28,113 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 namespace {
 
-// DecodeChunk with key rows read by `keys` and value rows by `values` (decode_routes-inl.h).
+// The routes of one call: how key rows and value rows are read (decode_routes-inl.h).
 template <class KeyRoute, class ValueRoute>
-void DecodeChunkWith(const KeyRoute& keys, const ValueRoute& values, const AttentionParams& p,
-                     int64_t b, int64_t hk, int64_t kv_begin, int64_t kv_end, DecodeScratch& ws,
-                     float* acc, float* row_max, float* row_sum) {
-  const int64_t L = p.q_len, S = p.kv_len, G = p.group_size(), rows = G * L;
-  const int64_t e_pad = ws.head_dim_qk_padded, ev_pad = ws.head_dim_vo_padded;
-  const RowView k_rows(p.k, b, hk), v_rows(p.v, b, hk);
-  // first_tile_end is set once the chunk's visible keys are known.
-  DecodeCall call{k_rows, v_rows, ValueRoute::kInPlace ? &v_rows : nullptr, ws, rows, S, e_pad,
-                  ev_pad, 0, static_cast<float>(p.scale), acc};
+struct DecodeRoutes {
+  KeyRoute keys;
+  ValueRoute values;
+};
 
-  ColumnRange visible{kv_end, kv_begin};  // union of the rows' keys within the chunk
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t h = hk * G + r / L, i = r % L;
-    keys.LoadQuery(call, RowView(p.q, b, h), i, r);
-    ws.row_keys[r] = row_columns(p.mask, b, i, L, S);
-    const ColumnRange& row_keys = ws.row_keys[r];
-    if (std::max(row_keys.begin, kv_begin) < std::min(row_keys.end, kv_end)) {
-      visible.begin = std::min(visible.begin, std::max(row_keys.begin, kv_begin));
-      visible.end = std::max(visible.end, std::min(row_keys.end, kv_end));
+// The union of the chunk's rows' keys within [kv_begin, kv_end) (ws.row_keys gets each
+// row's row_columns), with the rows' queries loaded by the key route.
+template <class KeyRoute>
+HWY_INLINE ColumnRange ChunkKeys(const KeyRoute& keys, const DecodeCall& call,
+                                 const AttentionParams& p, const DecodeItem& item) {
+  const int64_t L = p.q_len, G = p.group_size();
+  ColumnRange visible{item.kv_end, item.kv_begin};
+  for (int64_t r = 0; r < call.rows; ++r) {
+    const int64_t h = item.hk * G + r / L, i = r % L;
+    keys.LoadQuery(call, RowView(p.q, item.b, h), i, r);
+    const ColumnRange& row_keys = call.ws.row_keys[r] = row_columns(p.mask, item.b, i, L, p.kv_len);
+    const int64_t lo = std::max(row_keys.begin, item.kv_begin);
+    const int64_t hi = std::min(row_keys.end, item.kv_end);
+    if (lo < hi) {
+      visible.begin = std::min(visible.begin, lo);
+      visible.end = std::max(visible.end, hi);
     }
   }
-  std::fill(acc, acc + rows * ev_pad, 0.0f);
-  std::fill(row_max, row_max + rows, kNegInf);
-  std::fill(row_sum, row_sum + rows, 0.0f);
-  if (visible.empty()) return;
-  // The tile loop requests rows kPrefetchRows ahead of those it reads: request the chunk's
-  // first rows here, so that its start does not wait for them one demand miss at a time.
-  for (int64_t j = visible.begin; j < std::min(visible.begin + kPrefetchRows, visible.end); ++j) {
-    Prefetch(k_rows, j);
-    Prefetch(v_rows, j);
-  }
-  // SoftmaxTile's running state, in whole vectors of rows; copied out at the end.
-  HWY_ALIGN float max_rows[kDecodeMaxRows], sum_rows[kDecodeMaxRows], alpha[kDecodeMaxRows];
-  std::fill(max_rows, max_rows + kDecodeMaxRows, kNegInf);
-  std::fill(sum_rows, sum_rows + kDecodeMaxRows, 0.0f);
+  return visible;
+}
 
+// A key tile [j0, j0 + kBlockKv) of a chunk whose rows see keys `visible` in it.
+struct DecodeTileSpan {
+  int64_t j0;
+  ColumnRange visible;
+};
+
+// One key tile of a chunk: scores, masks, the online softmax of call.state, P.v.
+template <class Routes>
+HWY_INLINE void DecodeTile(const Routes& routes, const AttentionParams& p, const DecodeItem& item,
+                           const DecodeCall& call, const DecodeTileSpan& tile) {
+  const int64_t L = p.q_len, G = p.group_size(), j0 = tile.j0;
+  const int64_t cols = std::min(kBlockKv, p.kv_len - j0);
+  const int64_t c_begin = std::max<int64_t>(tile.visible.begin - j0, 0);
+  const int64_t c_end = std::min(cols, tile.visible.end - j0);
+  // Scores in whole vectors of keys: [g_begin, g_end) covers [c_begin, c_end) within the
+  // tile; keys past kv_len score 0 (masked below).
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
-  call.first_tile_end = visible.begin / kBlockKv * kBlockKv + kBlockKv;
-  for (int64_t j0 = call.first_tile_end - kBlockKv; j0 < visible.end; j0 += kBlockKv) {
-    const int64_t cols = std::min(kBlockKv, S - j0);
-    const int64_t c_begin = std::max<int64_t>(visible.begin - j0, 0);
-    const int64_t c_end = std::min(cols, visible.end - j0);
-    // Scores in whole vectors of keys: [g_begin, g_end) covers [c_begin, c_end) within the
-    // tile; keys past kv_len score 0 (masked below).
-    const int64_t g_begin = c_begin / lanes * lanes;
-    const int64_t g_end = (c_end + lanes - 1) / lanes * lanes;
-    keys.ScoreTile(call, j0, g_begin, g_end);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t h = hk * G + r / L, i = r % L;
-      // Columns outside [c_begin, c_end) are outside every row's keys: MaskScoreRow sets
-      // them (and every other masked key) to -inf.
-      MaskScoreRow(p, DenseMaskRows(p.mask, b, h), &ws.flex, b, h, i, ws.row_keys[r], j0, cols,
-                   ws.scores + r * kBlockKv);
-    }
-    values.Softmax(call, max_rows, sum_rows, alpha);
-    for (int64_t r = 0; r < rows; ++r) {
-      if constexpr (!ValueRoute::kRescalesAcc) {
-        if (alpha[r] != 1.0f) ScaleRow(acc + r * ev_pad, ev_pad, alpha[r]);
-      }
-      if (p.has_dropout()) {
-        const int64_t h = hk * G + r / L, i = r % L;
-        const int64_t element = ((b * p.num_heads_q + h) * L + i) * S + j0;
-        DropoutStream(p.dropout.philox, p.dropout.p)
-            .apply(static_cast<uint64_t>(element), ws.scores + r * kBlockKv, cols);
-      }
-    }
-    values.Accumulate(call, j0, c_begin, c_end, alpha);
+  routes.keys.ScoreTile(call, j0, c_begin / lanes * lanes, (c_end + lanes - 1) / lanes * lanes);
+  DecodeScratch& ws = call.ws;
+  for (int64_t r = 0; r < call.rows; ++r) {
+    const int64_t h = item.hk * G + r / L, i = r % L;
+    // Columns outside [c_begin, c_end) are outside every row's keys: MaskScoreRow sets
+    // them (and every other masked key) to -inf.
+    MaskScoreRow(p, DenseMaskRows(p.mask, item.b, h), &ws.flex, item.b, h, i, ws.row_keys[r], j0,
+                 cols, ws.scores + r * kBlockKv);
   }
-  values.Finish(call);
-  std::copy(max_rows, max_rows + rows, row_max);
-  std::copy(sum_rows, sum_rows + rows, row_sum);
+  routes.values.Softmax(call);
+  if constexpr (!decltype(routes.values)::kRescalesAcc) ApplyRescale(call.state, call.rows, false);
+  for (int64_t r = 0; r < call.rows && p.has_dropout(); ++r) {
+    apply_dropout(p, item.b, item.hk * G + r / L, r % L, j0, ws.scores + r * kBlockKv, cols);
+  }
+  routes.values.Accumulate(call, j0, c_begin, c_end);
+}
+
+// DecodeChunk with key and value rows read by `routes`.
+template <class Routes>
+void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const DecodeItem& item,
+                     DecodeScratch& ws, const SoftmaxRows& out) {
+  const int64_t L = p.q_len, S = p.kv_len, G = p.group_size(), rows = G * L;
+  const int64_t b = item.b, hk = item.hk;
+  const RowView k_rows(p.k, b, hk), v_rows(p.v, b, hk);
+  using ValueRoute = decltype(routes.values);
+  // The running state, m / l / alpha in whole vectors of rows (SoftmaxTile reads them so),
+  // o in `out`; m and l are copied out at the end.
+  HWY_ALIGN float m[kDecodeMaxRows], l[kDecodeMaxRows], alpha[kDecodeMaxRows];
+  const SoftmaxRows state{m, l, alpha, out.o, ws.head_dim_vo_padded};
+  ResetRows(state, rows);
+  // first_tile_end is set once the chunk's visible keys are known.
+  DecodeCall call{k_rows, v_rows, ValueRoute::kInPlace ? &v_rows : nullptr, ws, rows, S,
+                  ws.head_dim_qk_padded, ws.head_dim_vo_padded, 0, static_cast<float>(p.scale),
+                  state};
+  const ColumnRange visible = ChunkKeys(routes.keys, call, p, item);
+  if (!visible.empty()) {
+    // The tile loop requests rows kPrefetchRows ahead of those it reads: request the
+    // chunk's first rows here, so that its start does not wait for them one demand miss
+    // at a time.
+    for (int64_t j = visible.begin; j < std::min(visible.begin + kPrefetchRows, visible.end);
+         ++j) {
+      Prefetch(k_rows, j);
+      Prefetch(v_rows, j);
+    }
+    call.first_tile_end = visible.begin / kBlockKv * kBlockKv + kBlockKv;
+    for (int64_t j0 = call.first_tile_end - kBlockKv; j0 < visible.end; j0 += kBlockKv) {
+      DecodeTile(routes, p, item, call, {j0, visible});
+    }
+    routes.values.Finish(call);
+  }
+  std::copy(m, m + rows, out.m);
+  std::copy(l, l + rows, out.l);
 }
 
 }  // namespace
 
-void DecodeChunk(const AttentionParams& p, int64_t b, int64_t hk, int64_t kv_begin, int64_t kv_end,
-                 DecodeScratch& ws, float* acc, float* row_max, float* row_sum) {
+void DecodeChunk(const AttentionParams& p, const DecodeItem& item, DecodeScratch& ws,
+                 const SoftmaxRows& out) {
   WithDecodeRoutes(ws, p.has_dropout(), [&](const auto& keys, const auto& values) HWY_ATTR {
-    DecodeChunkWith(keys, values, p, b, hk, kv_begin, kv_end, ws, acc, row_max, row_sum);
+    const DecodeRoutes<std::decay_t<decltype(keys)>, std::decay_t<decltype(values)>> routes{keys,
+                                                                                          values};
+    DecodeChunkWith(routes, p, item, ws, out);
   });
 }
 

@@ -38,10 +38,11 @@ FlashScratch::FlashScratch(const AttentionParams& params, bool bf16_dot)
                            bf16_dot ? kBlockQ * kBlockKv / 2 : 0,
                            kBlockQ * 16,
                            kBlockQ * head_dim_vo_padded,
+                           kBlockQ,
                            kBlockQ};
-  int64_t total = 0;
-  for (int64_t s : sizes) total += round_up(s, kMaxLanes);
-  buffer_ = Tensor::empty({total}, DType::kFloat32);
+  int64_t floats = 0;
+  for (int64_t s : sizes) floats += round_up(s, kMaxLanes);
+  buffer_ = Tensor::empty({floats}, DType::kFloat32);
   float* next = buffer_.data<float>();
   float* slots[std::size(sizes)];
   for (size_t i = 0; i < std::size(sizes); ++i) {
@@ -50,15 +51,12 @@ FlashScratch::FlashScratch(const AttentionParams& params, bool bf16_dot)
   }
   q = slots[0];
   scores = slots[1];
-  acc = slots[2];
-  row_max = slots[3];
-  row_sum = slots[4];
   row = slots[5];
   q_bf16 = reinterpret_cast<uint16_t*>(slots[6]);
   p_bf16 = reinterpret_cast<uint16_t*>(slots[7]);
-  sum_lanes = slots[8];
-  acc_partial = slots[9];
-  row_sum_partial = slots[10];
+  // Both levels share the running max and the factors of its updates.
+  total = {slots[3], slots[4], slots[11], slots[2], head_dim_vo_padded, nullptr};
+  partial = {total.m, slots[10], total.alpha, slots[9], head_dim_vo_padded, slots[8]};
 }
 
 FlashScratch::~FlashScratch() = default;
@@ -84,6 +82,7 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   if (p.batch * p.num_heads_q * q_blocks == 0) return;
   const bool bf16_dot = uses_bf16_dot(p);
   PackedKv kv(p, bf16_dot);
+  const ForwardCall call{p, kv, out, lse.data<float>(), static_cast<float>(p.scale)};
   const int64_t generations = p.batch * p.num_heads_kv;
   // Items done per (batch, kv head): a thread starts a (b, kv head) only once the one
   // PackedKv::kSlots before it is done, whose slot it reuses.
@@ -108,7 +107,8 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
       try {
         const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
         const int64_t h = hk * p.group_size() + in_group / q_blocks;
-        q_block(p, kv, b, h, (in_group % q_blocks) * kBlockQ, bhk + 1, scratch, out, lse);
+        const int64_t q_begin = (in_group % q_blocks) * kBlockQ;
+        q_block(call, {b, h, q_begin, std::min(kBlockQ, p.q_len - q_begin)}, scratch);
       } catch (...) {
         errors.capture();
       }

@@ -5,7 +5,9 @@
 #include <cstdint>
 
 #include "cpu/capability.h"
+#include "cpu/kernel_context.h"
 #include "cpu/mask_rows.h"
+#include "cpu/online_softmax.h"
 #include "flex/row_state.h"
 #include "sdpa/params.h"
 
@@ -31,9 +33,9 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 bool uses_bf16_dot(const AttentionParams& params);
 
 /// One thread's float32 working set, 64-byte aligned:
-///   q [kBlockQ, E] (pre-scaled), scores [kBlockQ, kBlockKv], acc and acc_partial
-///   [kBlockQ, Ev_pad], row_max / row_sum / row_sum_partial [kBlockQ], row [max(E, Ev)]
-///   (one converted input row).
+///   q [kBlockQ, E] (pre-scaled), scores [kBlockQ, kBlockKv], the online-softmax state
+///   (total and partial: m / l / l_partial / alpha [kBlockQ], o and o_partial [kBlockQ,
+///   Ev_pad], l_lanes [kBlockQ, 16]), row [max(E, Ev)] (one converted input row).
 /// `bf16_dot`: uses_bf16_dot(params), decided on the calling thread (a capability set by
 /// set_cpu_capability holds for that thread only, not for OpenMP workers).
 struct FlashScratch {
@@ -50,20 +52,15 @@ struct FlashScratch {
   int64_t head_dim_qk_pairs2;
   float* q;
   float* scores;
-  float* acc;
-  /// P.v of the key tiles since acc last took them (kTilesPerPartialSum).
-  float* acc_partial;
-  float* row_max;
-  float* row_sum;
-  /// The probability sums of the key tiles since row_sum last took them; the softmax
-  /// kernels update this one.
-  float* row_sum_partial;
+  /// The q-block's online-softmax state (online_softmax.h). The softmax kernels update
+  /// `partial`, which holds the sums of the key tiles since `total` last took them
+  /// (kTilesPerPartialSum; l_lanes: fused tiles' sums not yet in partial.l); both share m
+  /// and alpha.
+  SoftmaxRows total;
+  SoftmaxRows partial;
   float* row;
   uint16_t* q_bf16;  ///< [kBlockQ, head_dim_qk_pairs2] bf16 bits, unscaled
   uint16_t* p_bf16;  ///< [kBlockQ, kBlockKv] bf16 bits of P
-  /// [kBlockQ, 16]: per row, lanes of row sums not yet in row_sum_partial
-  /// (lazy_softmax-inl.h).
-  float* sum_lanes;
   /// row_columns() of the current q-block's rows.
   ColumnRange row_keys[kBlockQ];
   /// Flex program buffers and BlockMask lookup (inactive without flex).
@@ -73,14 +70,9 @@ struct FlashScratch {
   Tensor buffer_;
 };
 
-class PackedKv;
-
-/// Computes rows [q_begin, q_begin + kBlockQ) of out / lse for one (batch, head), reading
-/// k/v tiles from `kv` (packed on first use for that head's kv head, as generation
-/// `generation`; see PackedKv::tile).
-using FlashQBlockFn = void (*)(const AttentionParams& params, const PackedKv& kv, int64_t b,
-                               int64_t h, int64_t q_begin, int64_t generation,
-                               FlashScratch& scratch, const Tensor& out, const Tensor& lse);
+/// Computes query rows `q` (at most kBlockQ) of out / lse for one (batch, head), reading
+/// k/v tiles from call.kv (packed on first use for that head's kv head; see PackedKv::tile).
+using FlashQBlockFn = void (*)(const ForwardCall& call, const QueryTile& q, FlashScratch& scratch);
 
 /// The q-block function compiled for `capability`.
 FlashQBlockFn flash_q_block_for(Capability capability);

@@ -4,7 +4,7 @@
 // exceeds it by more than 2^8 in probability; the output accumulator and the row sum are
 // then rescaled as usual. Most tiles raise no max, so they need no horizontal reduction
 // and no rescale. The row sums of such tiles stay in one vector of lanes per row
-// (FlashScratch::sum_lanes) until FoldSumLanes adds them to row_sum. AVX-512 target only;
+// (SoftmaxRows::l_lanes) until FoldSumLanes adds them to l. AVX-512 target only;
 // include after foreach_target.h.
 
 #if defined(SDPA_CPU_LAZY_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -23,7 +23,7 @@
 #include <type_traits>
 
 #include "cpu/fast_exp-inl.h"
-#include "cpu/tile_ops-inl.h"
+#include "cpu/online_softmax-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -37,21 +37,20 @@ namespace hn = hwy::HWY_NAMESPACE;
 // float32 and bf16 overflow, and bf16 rounds them with the same relative error.
 inline constexpr float kLazyMaxSlackLog2 = 8.0f;
 
-/// The lazy-max step of one row of a register tile: `scores` [kVecs] hold the row's
-/// scores (times `score_scale` > 0 in the softmax's units). Raises *row_max (scaled units)
-/// when a score lies more than the slack above it, rescaling *row_sum and the row's 16
-/// `sum_lanes` by the factor written to *alpha (1 when not raised, 0 for a row's first
-/// finite scores). Returns the max the row's probabilities are relative to: -inf while the
-/// row has no finite score, NaN once it has a NaN score (PyTorch's softmax gives the row
-/// NaN; so do its probabilities, sum and output here).
+/// The lazy-max step of row r of a register tile: `scores` [kVecs] hold the row's scores
+/// (times `score_scale` > 0 in the softmax's units). Raises state.m[r] when a score lies
+/// more than the slack above it, rescaling state.l[r] and the row's 16 state.l_lanes by the
+/// factor written to state.alpha[r] (1 when not raised, 0 for a row's first finite scores).
+/// Returns the max the row's probabilities are relative to: -inf while the row has no
+/// finite score, NaN once it has a NaN score (PyTorch's softmax gives the row NaN; so do
+/// its probabilities, sum and output here).
 template <int kVecs>
-HWY_INLINE float LazyRowMax(const __m512* scores, float score_scale, float* HWY_RESTRICT row_max,
-                            float* HWY_RESTRICT row_sum, float* HWY_RESTRICT sum_lanes,
-                            float* HWY_RESTRICT alpha) {
+HWY_INLINE float LazyRowMax(const __m512* scores, float score_scale, const SoftmaxRows& state,
+                            int64_t r) {
   const hn::Full512<float> d;
   using V = hn::Vec512<float>;
   const float slack = kLazyMaxSlackLog2 / kLog2e;  // in scaled-score units
-  float m = *row_max;
+  float m = state.m[r];
   // Raw scores above `bound` would give probabilities above 2^slack (none when m is -inf
   // and every score is -inf: the row then stays without probabilities). The unordered
   // compare also takes NaN scores (and every score once m is NaN) to the raise.
@@ -69,14 +68,34 @@ HWY_INLINE float LazyRowMax(const __m512* scores, float score_scale, float* HWY_
     const float tile_max = hn::GetLane(hn::MaxOfLanes(d, tile)) * score_scale;
     const float raised =
         nan != 0 || std::isnan(m) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, tile_max);
-    a = hn::GetLane(FastExp(d, hn::Set(d, m - raised)));
-    *row_max = m = raised;
-    *row_sum *= a;
-    hn::Store(hn::Mul(hn::Load(d, sum_lanes), hn::Set(d, a)), d, sum_lanes);
+    a = hn::GetLane(RescaleFactors(d, hn::Set(d, m), hn::Set(d, raised)));
+    state.m[r] = m = raised;
+    state.l[r] *= a;
+    float* lanes = state.l_lanes + 16 * r;
+    hn::Store(hn::Mul(hn::Load(d, lanes), hn::Set(d, a)), d, lanes);
   }
-  *alpha = a;
+  state.alpha[r] = a;
   return m;
 }
+
+/// Rows [0, rows) of a query block for the fused tiles, row r at q + r * ld.
+template <class T>
+struct QueryRows {
+  const T* q;
+  int64_t ld;
+  int64_t rows;
+
+  /// Rows [r, rows).
+  QueryRows from(int64_t r) const { return {q + r * ld, ld, rows - r}; }
+};
+
+/// A key tile in PackedKv's layout for the fused tiles: `depth` rows of kBlockKv keys
+/// (float32 k^T: depth = E; bf16 pairs, bf16_dot.h: depth = E / 2).
+template <class T>
+struct KeyTile {
+  const T* k;
+  int64_t depth;
+};
 
 /// Calls rows_fn(r, std::integral_constant<int, R>()) for the register tiles of kRows
 /// rows covering [0, rows), the last one R = rows % kRows rows high (kRows <= 6).
@@ -101,13 +120,13 @@ HWY_INLINE void ForRegisterTiles(int64_t rows, const RowsFn& rows_fn) {
   }
 }
 
-/// row_sum[r] += the lanes of sum_lanes row r, which are then zeroed, for r < rows.
-HWY_INLINE void FoldSumLanes(int64_t rows, float* HWY_RESTRICT sum_lanes,
-                             float* HWY_RESTRICT row_sum) {
+/// state.l[r] += the lanes of state.l_lanes row r, which are then zeroed, for r < rows.
+HWY_INLINE void FoldSumLanes(const SoftmaxRows& state, int64_t rows) {
   const hn::Full512<float> d;
   for (int64_t r = 0; r < rows; ++r) {
-    row_sum[r] += hn::GetLane(hn::SumOfLanes(d, hn::Load(d, sum_lanes + 16 * r)));
-    hn::Store(hn::Zero(d), d, sum_lanes + 16 * r);
+    float* lanes = state.l_lanes + 16 * r;
+    state.l[r] += hn::GetLane(hn::SumOfLanes(d, hn::Load(d, lanes)));
+    hn::Store(hn::Zero(d), d, lanes);
   }
 }
 #endif

@@ -8,10 +8,10 @@
 #include "core/scratch.h"
 #include "core/threading.h"
 #include "cpu/flash_tile.h"
+#include "cpu/kernel_context.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_rows.h"
-#include "cpu/nan_max.h"
-#include "cpu/philox.h"
+#include "cpu/online_softmax.h"
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
@@ -60,10 +60,10 @@ void forward_head(const AttentionParams& p, int64_t b, int64_t h, MathBuffers<Ac
     mask_score_row(p.mask, dense, &buf.flex, b, h, i, L, S, s);
     Acc max = neg_inf;
     for (int64_t j = 0; j < S; ++j) max = max_keeping_nan(max, s[j]);
-    const int64_t row = (b * p.num_heads_q + h) * L + i;
-    if (max == neg_inf) {  // fully masked row: zeros and lse = -inf
+    const int64_t row = query_row_index(p, b, h, i);
+    if (!has_finite_score(max)) {  // fully masked row: zeros and lse = -inf
       std::fill(buf.o.begin(), buf.o.end(), Acc(0));
-      lse[row] = -std::numeric_limits<float>::infinity();
+      lse[row] = kMaskedLse<float>;
       out_rows.store(i, buf.o.data());
       continue;
     }
@@ -74,11 +74,9 @@ void forward_head(const AttentionParams& p, int64_t b, int64_t h, MathBuffers<Ac
       s[j] = std::exp(s[j] - max);
       sum += s[j];
     }
-    lse[row] = static_cast<float>(max + std::log(sum));
+    lse[row] = static_cast<float>(finalize<double>(max, sum).lse);
     for (int64_t j = 0; j < S; ++j) s[j] = static_cast<Acc>(s[j] / sum);
-    if (p.has_dropout()) {
-      DropoutStream(p.dropout.philox, p.dropout.p).apply(static_cast<uint64_t>(row * S), s, S);
-    }
+    if (p.has_dropout()) apply_dropout(p, b, h, i, 0, s, S);
     std::fill(buf.o_sum.begin(), buf.o_sum.end(), 0.0);
     for (int64_t j = 0; j < S; ++j) {
       const double p_j = s[j];

@@ -10,10 +10,10 @@
 #include "core/scratch.h"
 #include "core/threading.h"
 #include "cpu/flash_tile.h"
+#include "cpu/kernel_context.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_rows.h"
-#include "cpu/nan_max.h"
-#include "cpu/philox.h"
+#include "cpu/online_softmax.h"
 #include "cpu/rows.h"
 #include "flex/autodiff.h"
 #include "flex/captured_grads.h"
@@ -72,20 +72,16 @@ void backward_kv_head(const AttentionParams& p, int64_t b, int64_t hk, int64_t i
       mask_score_row(p.mask, dense, &buf.flex, b, h, i, L, S, prob, buf.raw.data());
       Acc max = neg_inf;
       for (int64_t j = 0; j < S; ++j) max = max_keeping_nan(max, prob[j]);
-      const int64_t row = (b * p.num_heads_q + h) * L + i;
       std::fill(buf.dq.begin(), buf.dq.end(), Acc(0));
       Acc* ds = buf.dprob.data();
-      if (max == neg_inf) {  // fully masked row: no gradient flows
+      if (!has_finite_score(max)) {  // fully masked row: no gradient flows
         std::fill(buf.dprob.begin(), buf.dprob.end(), Acc(0));
       } else {
         Acc sum = 0;
         for (int64_t j = 0; j < S; ++j) sum += (prob[j] = std::exp(prob[j] - max));
         for (int64_t j = 0; j < S; ++j) prob[j] /= sum;
         std::fill(buf.keep.begin(), buf.keep.end(), Acc(1));
-        if (p.has_dropout()) {
-          DropoutStream(p.dropout.philox, p.dropout.p)
-              .apply(static_cast<uint64_t>(row * S), buf.keep.data(), S);
-        }
+        if (p.has_dropout()) apply_dropout(p, b, h, i, 0, buf.keep.data(), S);
         // dP_j = keep_j * (dO . v_j); D = sum_j P_j dP_j = rowsum(dO o O).
         Acc delta = 0;
         for (int64_t j = 0; j < S; ++j) {

@@ -19,7 +19,7 @@
 #include "cpu/fast_exp-inl.h"
 #include "cpu/flash_tile.h"
 #include "cpu/lazy_softmax-inl.h"
-#include "cpu/tile_ops-inl.h"
+#include "cpu/online_softmax-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -28,24 +28,21 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 #if HWY_TARGET == HWY_AVX3
-// Rows [0, kRows) of a query block: scores = q . k^T (q rows of `ldq` floats, k_t
-// [depth, kBlockKv]), then the lazy-max online softmax; P rows (kBlockKv floats) go to p.
+// Rows [0, kRows) of a query block: scores = q . k^T, then the lazy-max online softmax of
+// `state`'s rows; P rows (kBlockKv floats) go to p.
 template <int kRows>
-HWY_INLINE void QkSoftmaxRowsF32(const float* HWY_RESTRICT q, int64_t ldq,
-                                 const float* HWY_RESTRICT k_t, int64_t depth,
-                                 float* HWY_RESTRICT row_max, float* HWY_RESTRICT row_sum,
-                                 float* HWY_RESTRICT sum_lanes, float* HWY_RESTRICT alpha,
-                                 float* HWY_RESTRICT p) {
+HWY_INLINE void QkSoftmaxRowsF32(const QueryRows<float>& q, const KeyTile<float>& k,
+                                 const SoftmaxRows& state, float* HWY_RESTRICT p) {
   constexpr int kVecs = static_cast<int>(kBlockKv / 16);
-  __m512 acc[kRows][kVecs];
+    __m512 acc[kRows][kVecs];
   for (int r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
   }
-  for (int64_t e = 0; e < depth; ++e) {
+  for (int64_t e = 0; e < k.depth; ++e) {
     __m512 kv[kVecs];
-    for (int v = 0; v < kVecs; ++v) kv[v] = _mm512_loadu_ps(k_t + e * kBlockKv + 16 * v);
+    for (int v = 0; v < kVecs; ++v) kv[v] = _mm512_loadu_ps(k.k + e * kBlockKv + 16 * v);
     for (int r = 0; r < kRows; ++r) {
-      const __m512 qv = _mm512_set1_ps(q[r * ldq + e]);
+      const __m512 qv = _mm512_set1_ps(q.q[r * q.ld + e]);
       for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_fmadd_ps(qv, kv[v], acc[r][v]);
     }
   }
@@ -55,15 +52,15 @@ HWY_INLINE void QkSoftmaxRowsF32(const float* HWY_RESTRICT q, int64_t ldq,
   const V log2e = hn::Set(d, kLog2e);
 #pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) {
-    const float m =
-        LazyRowMax<kVecs>(acc[r], 1.0f, row_max + r, row_sum + r, sum_lanes + 16 * r, alpha + r);
+    const float m = LazyRowMax<kVecs>(acc[r], 1.0f, state, r);
     float* out = p + r * kBlockKv;
-    if (m == kNegInf) {
+    if (!has_finite_score(m)) {
       for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(out + 16 * v, _mm512_setzero_ps());
       continue;
     }
+    float* lanes = state.l_lanes + 16 * r;
     const V off = hn::Set(d, m * kLog2e);
-    V sum = hn::Load(d, sum_lanes + 16 * r);
+    V sum = hn::Load(d, lanes);
     for (int v = 0; v < kVecs; ++v) {
       const V t = hn::MulSub(V{acc[r][v]}, log2e, off);
       // A key scoring -inf (an infinite input) drops out, as in SoftmaxTile; NaN stays.
@@ -71,25 +68,20 @@ HWY_INLINE void QkSoftmaxRowsF32(const float* HWY_RESTRICT q, int64_t ldq,
       sum = hn::Add(sum, e);
       hn::StoreU(e, d, out + 16 * v);
     }
-    hn::Store(sum, d, sum_lanes + 16 * r);
+    hn::Store(sum, d, lanes);
   }
 }
 
 /// Fused q.k^T and online softmax of a key tile no mask, bias or score_mod touches, for
-/// query rows [0, rows) of a block (rows <= kBlockQ): q [rows, ldq] float32 already times
-/// the softmax scale, k_t [depth, kBlockKv] (PackedKv's k^T). Updates row_max (lazily, see
-/// lazy_softmax-inl.h), row_sum and sum_lanes [rows][16] (together the row sums relative
-/// to row_max), writes alpha [rows] and P [rows, kBlockKv].
-HWY_INLINE void QkSoftmaxTileF32(const float* HWY_RESTRICT q, int64_t ldq, int64_t rows,
-                                 const float* HWY_RESTRICT k_t, int64_t depth,
-                                 float* HWY_RESTRICT row_max, float* HWY_RESTRICT row_sum,
-                                 float* HWY_RESTRICT sum_lanes, float* HWY_RESTRICT alpha,
-                                 float* HWY_RESTRICT p) {
+/// query rows [0, q.rows) of a block (rows <= kBlockQ): q float32 already times the
+/// softmax scale, k PackedKv's k^T [E, kBlockKv]. Updates state's m (lazily, see
+/// lazy_softmax-inl.h), l and l_lanes (together the row sums relative to m), writes
+/// state.alpha and P [rows, kBlockKv].
+HWY_INLINE void QkSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<float>& k,
+                                 const SoftmaxRows& state, float* HWY_RESTRICT p) {
   // Six rows: 24 accumulators, as Gemm's register tile.
-  ForRegisterTiles<6>(rows, [&](int64_t r, auto tile_rows) {
-    QkSoftmaxRowsF32<decltype(tile_rows)::value>(q + r * ldq, ldq, k_t, depth, row_max + r,
-                                                 row_sum + r, sum_lanes + 16 * r, alpha + r,
-                                                 p + r * kBlockKv);
+  ForRegisterTiles<6>(q.rows, [&](int64_t r, auto tile_rows) {
+    QkSoftmaxRowsF32<decltype(tile_rows)::value>(q.from(r), k, state.from(r), p + r * kBlockKv);
   });
 }
 #endif

@@ -11,12 +11,13 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "cpu/fast_exp-inl.h"
 #include "cpu/flash_tile.h"
+#include "cpu/online_softmax-inl.h"
 #include "cpu/reduce_lanes-inl.h"
-#include "cpu/tile_ops-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -33,30 +34,29 @@ namespace hn = hwy::HWY_NAMESPACE;
 // the multiply by log2 e, as in SoftmaxTile; a template argument so that the choice is
 // not made per vector.
 template <bool kPrescaled>
-SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16Impl(
-    const float* HWY_RESTRICT s, int64_t rows, float score_scale, float* HWY_RESTRICT row_max,
-    float* HWY_RESTRICT row_sum, float* HWY_RESTRICT alpha, uint16_t* HWY_RESTRICT p) {
+SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16Impl(const ScoreRows& tile,
+                                                         const SoftmaxRows& state,
+                                                         uint16_t* HWY_RESTRICT p) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
   static_assert(kBlockKv % (2 * N) == 0, "P rows convert in pairs of vectors");
   const V log2e = hn::Set(d, kLog2e);
-  const V c = hn::Set(d, score_scale * kLog2e);
-  for (int64_t r0 = 0; r0 < rows; r0 += N) {
+  const V c = hn::Set(d, tile.scale * kLog2e);
+  for (int64_t r0 = 0; r0 < tile.rows; r0 += N) {
     HWY_ALIGN float maxes[N];
-    hn::Store(RaiseRowMaxes(d, s, r0, rows, nullptr, nullptr, score_scale, row_max, alpha), d,
-              maxes);
+    hn::Store(RaiseRowMaxes(d, tile, r0, {nullptr, nullptr}, state), d, maxes);
     V v[N];
     for (int64_t k = 0; k < N; ++k) {
       const int64_t r = r0 + k;
       v[k] = hn::Zero(d);
-      if (r >= rows) continue;
-      const float* row = s + r * kBlockKv;
+      if (r >= tile.rows) continue;
+      const float* row = tile.s + r * kBlockKv;
       uint16_t* out = p + r * kBlockKv;
-      if (maxes[k] == kNegInf) {  // as in SoftmaxTile: zeros, or NaN for a NaN score
-        const bool nan = HasNaN(row, row + kBlockKv);
-        std::fill(out, out + kBlockKv, nan ? uint16_t{0x7FC0} : uint16_t{0});
-        if (nan) v[k] = hn::Set(d, std::nanf(""));
+      if (!has_finite_score(maxes[k])) {  // as in SoftmaxTile
+        const float fill = NoFiniteScoreFill(row, row + kBlockKv);
+        std::fill(out, out + kBlockKv, std::isnan(fill) ? uint16_t{0x7FC0} : uint16_t{0});
+        v[k] = hn::Set(d, fill);
         continue;
       }
       const V m = hn::Set(d, maxes[k]);
@@ -76,24 +76,22 @@ SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16Impl(
       }
     }
     const V sums = ReduceLanesTree(d, v, AddLanes());
-    hn::StoreU(hn::MulAdd(hn::LoadU(d, row_sum + r0), hn::LoadU(d, alpha + r0), sums), d,
-               row_sum + r0);
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, state.l + r0), hn::LoadU(d, state.alpha + r0), sums), d,
+               state.l + r0);
   }
 }
 
 /// SoftmaxTile without a support (masked keys are already -inf) whose probabilities go to
 /// p instead of over the scores: row r of p (uint16_t bf16 bits, rows of kBlockKv) gets
-/// row r's probabilities rounded to nearest even. row_sum adds them before rounding, as
-/// FlashAttention-2 does on GPUs. s is read only. Callers with dropout use SoftmaxTile:
-/// dropout draws on float32 P.
-SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16(const float* HWY_RESTRICT s, int64_t rows,
-                                                     float score_scale, float* HWY_RESTRICT row_max,
-                                                     float* HWY_RESTRICT row_sum,
-                                                     float* HWY_RESTRICT alpha,
+/// row r's probabilities rounded to nearest even. l adds them before rounding, as
+/// FlashAttention-2 does on GPUs. The scores are read only. Callers with dropout use
+/// SoftmaxTile: dropout draws on float32 P.
+SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16(const ScoreRows& tile,
+                                                     const SoftmaxRows& state,
                                                      uint16_t* HWY_RESTRICT p) {
   const auto impl =
-      score_scale == 1.0f ? &SoftmaxTileToBf16Impl<true> : &SoftmaxTileToBf16Impl<false>;
-  impl(s, rows, score_scale, row_max, row_sum, alpha, p);
+      tile.scale == 1.0f ? &SoftmaxTileToBf16Impl<true> : &SoftmaxTileToBf16Impl<false>;
+  impl(tile, state, p);
 }
 #undef SDPA_SOFTMAX_BF16_ATTR
 #endif

@@ -1,5 +1,5 @@
-// Score-row masking and small row helpers shared by the CPU flash forward and backward. Per-target
-// code: include after foreach_target.h.
+// Score-row masking (biases, score_mod, masks, BlockMask) and the visible key tiles, shared by
+// the CPU flash forward, decode and backward. Per-target code: include after foreach_target.h.
 
 #if defined(SDPA_CPU_TILE_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef SDPA_CPU_TILE_OPS_INL_H_
@@ -9,16 +9,13 @@
 #endif
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
 
-#include "cpu/fast_exp-inl.h"
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/mask_rows.h"
+#include "cpu/online_softmax-inl.h"
 #include "cpu/pack.h"
-#include "cpu/reduce_lanes-inl.h"
 #include "cpu/rows.h"
 #include "flex/eval_row-inl.h"
 #include "hwy/highway.h"
@@ -27,8 +24,6 @@ HWY_BEFORE_NAMESPACE();
 namespace sdpa::cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 /// s[j] -= slope * |offset + j| for j in [0, kBlockKv): the ALiBi bias of a score row whose
 /// first key lies `offset` keys from the row's diagonal. The distances are integers held
@@ -179,128 +174,6 @@ HWY_INLINE bool TileNeedsMask(const AttentionParams& p, const flex::RowState* fl
     if (ranges[r].begin > j0 || ranges[r].end < j0 + kBlockKv) return true;
   }
   return false;
-}
-
-/// row[0, n) *= factor; n a multiple of the vector width.
-HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
-  const hn::ScalableTag<float> d;
-  const auto f = hn::Set(d, factor);
-  for (int64_t j = 0; j < n; j += static_cast<int64_t>(hn::Lanes(d))) {
-    hn::StoreU(hn::Mul(hn::LoadU(d, row + j), f), d, row + j);
-  }
-}
-
-/// sum[0, n) += partial[0, n), then partial[0, n) = 0; n a multiple of the vector width.
-HWY_INLINE void AddAndZero(float* HWY_RESTRICT partial, float* HWY_RESTRICT sum, int64_t n) {
-  const hn::ScalableTag<float> d;
-  for (int64_t j = 0; j < n; j += static_cast<int64_t>(hn::Lanes(d))) {
-    hn::StoreU(hn::Add(hn::LoadU(d, sum + j), hn::LoadU(d, partial + j)), d, sum + j);
-    hn::StoreU(hn::Zero(d), d, partial + j);
-  }
-}
-
-/// Whether scores [first, last) hold a NaN. Asked only of rows with no finite score, where
-/// the row max (-inf) cannot carry it: Highway's Max may return the non-NaN operand.
-HWY_INLINE bool HasNaN(const float* first, const float* last) {
-  return std::any_of(first, last, [](float x) { return std::isnan(x); });
-}
-
-/// The max half of SoftmaxTile for rows [r0, r0 + N), N = Lanes: row r0 + k's scores in
-/// columns [first[k], last[k]) (whole vectors), or all kBlockKv columns of rows r0 + k <
-/// `rows` when `first` is null, raise row_max (scaled units); alpha gets the accumulators'
-/// factors. Returns the new maxes.
-template <class D>
-HWY_INLINE hn::Vec<D> RaiseRowMaxes(D d, const float* HWY_RESTRICT s, int64_t r0, int64_t rows,
-                                    const int64_t* first, const int64_t* last, float score_scale,
-                                    float* HWY_RESTRICT row_max, float* HWY_RESTRICT alpha) {
-  using V = hn::Vec<D>;
-  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const V neg_inf = hn::Set(d, kNegInf);
-  V v[N];
-  for (int64_t k = 0; k < N; ++k) {
-    v[k] = neg_inf;
-    if (r0 + k >= rows) continue;
-    // A null `first` leaves constant bounds, which unroll.
-    const int64_t lo = first ? first[k] : 0, hi = first ? last[k] : kBlockKv;
-    for (int64_t j = lo; j < hi; j += lanes) {
-      v[k] = hn::Max(v[k], hn::LoadU(d, s + (r0 + k) * kBlockKv + j));
-    }
-  }
-  const V old_max = hn::LoadU(d, row_max + r0);
-  const V new_max =
-      hn::Max(old_max, hn::Mul(ReduceLanesTree(d, v, MaxLanes()), hn::Set(d, score_scale)));
-  const auto seen = hn::Ne(new_max, neg_inf);
-  // 0 for a row's first finite scores (its accumulator is still 0), 1 while none.
-  hn::StoreU(hn::IfThenElse(seen, FastExp(d, hn::Sub(old_max, new_max)), hn::Set(d, 1.0f)), d,
-             alpha + r0);
-  hn::StoreU(new_max, d, row_max + r0);
-  return new_max;
-}
-
-/// Online-softmax update of rows [0, rows) of a score tile (Milakov & Gimelshein 2018;
-/// FlashAttention-2): row r (s + r * kBlockKv, scores times `score_scale` > 0) becomes
-/// unnormalized probabilities relative to the new running max row_max[r] (scaled units),
-/// row_sum[r] is rescaled and increased, and alpha[r] gets the factor the output
-/// accumulator's row must be scaled by (1 when the row has no finite score yet, its
-/// probabilities then all 0). With `support`, row r can hold finite scores only in
-/// columns [begin[r], end[r]); the work covers the vectors spanning them and zeroes the
-/// rest. row_max, row_sum and alpha hold round_up(rows, Lanes) entries (rows past `rows`
-/// keep -inf maxes). The rows' maxes and sums are reduced Lanes rows at a time by one tree
-/// (ReduceLanesTree) instead of one horizontal reduction per row.
-HWY_INLINE void SoftmaxTile(float* HWY_RESTRICT s, int64_t rows, const RowSupport* support,
-                            float score_scale, float* HWY_RESTRICT row_max,
-                            float* HWY_RESTRICT row_sum, float* HWY_RESTRICT alpha) {
-  const hn::ScalableTag<float> d;
-  using V = hn::Vec<decltype(d)>;
-  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  for (int64_t r0 = 0; r0 < rows; r0 += N) {
-    int64_t first[N], last[N];
-    for (int64_t k = 0; k < N; ++k) {
-      const int64_t r = r0 + k;
-      first[k] = last[k] = 0;
-      if (r < rows) {
-        first[k] = support ? support->begin[r] / lanes * lanes : 0;
-        last[k] =
-            support ? std::max(first[k], (support->end[r] + lanes - 1) / lanes * lanes) : kBlockKv;
-      }
-    }
-    HWY_ALIGN float maxes[N];
-    hn::Store(RaiseRowMaxes(d, s, r0, rows, first, last, score_scale, row_max, alpha), d, maxes);
-    const V c = hn::Set(d, score_scale * kLog2e);
-    V v[N];
-    for (int64_t k = 0; k < N; ++k) {
-      const int64_t r = r0 + k;
-      v[k] = hn::Zero(d);
-      if (r >= rows) continue;
-      float* row = s + r * kBlockKv;
-      std::fill(row, row + first[k], 0.0f);
-      std::fill(row + last[k], row + kBlockKv, 0.0f);
-      if (maxes[k] == kNegInf) {
-        // No finite score: no probabilities, unless a score is NaN, which makes the row
-        // NaN as in PyTorch (elsewhere the exponentials carry NaN to the sums).
-        const bool nan = HasNaN(row + first[k], row + last[k]);
-        std::fill(row + first[k], row + last[k], nan ? std::nanf("") : 0.0f);
-        if (nan) v[k] = hn::Set(d, std::nanf(""));
-        continue;
-      }
-      const V m = hn::Set(d, maxes[k]);
-      const V off = hn::Mul(m, hn::Set(d, kLog2e));
-      for (int64_t j = first[k]; j < last[k]; j += lanes) {
-        // Already scaled scores subtract the max first: exact for the huge finite values a
-        // float mask may add (-1e30), where max * log2 e would overflow.
-        const V x = hn::LoadU(d, row + j);
-        const V e =
-            score_scale == 1.0f ? FastExp(d, hn::Sub(x, m)) : FastExp2(d, hn::MulSub(x, c, off));
-        hn::StoreU(e, d, row + j);
-        v[k] = hn::Add(v[k], e);
-      }
-    }
-    const V sums = ReduceLanesTree(d, v, AddLanes());
-    hn::StoreU(hn::MulAdd(hn::LoadU(d, row_sum + r0), hn::LoadU(d, alpha + r0), sums), d,
-               row_sum + r0);
-  }
 }
 
 /// The key tiles [first, end) (multiples of kBlockKv from first) that any of query rows

@@ -5,11 +5,12 @@
 // derived by the registry. The plain forward and backward calls do not come here: they
 // run the selected backend's kernel directly (src/dispatch/attention.cpp).
 
-#include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "cpu/online_softmax.h"
 #include "dispatch/backend_impl.h"
 #include "registry/registry_impl.h"
 
@@ -48,38 +49,37 @@ void attention_backward_out(OpCall& call) {
   detail::backward_into(cpu_impl(call), p, outputs);
 }
 
-// Merges two partial attention results row by row in float64 (see registry.h).
+// Merges two partial attention results row by row in float64 (see registry.h): each side
+// is the partial state {m = lse, l = 1, o = out} of its keys (cpu/online_softmax.h).
 std::tuple<Tensor, Tensor> cpu_merge_attention_states(const Tensor& out_a, const Tensor& lse_a,
-                                                  const Tensor& out_b, const Tensor& lse_b) {
-  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-  const Tensor oa = out_a.to(DType::kFloat64), ob = out_b.to(DType::kFloat64);
-  const Tensor la = lse_a.to(DType::kFloat64), lb = lse_b.to(DType::kFloat64);
+                                                      const Tensor& out_b, const Tensor& lse_b) {
+  const Tensor o64[] = {out_a.to(DType::kFloat64), out_b.to(DType::kFloat64)};
+  const Tensor lse64[] = {lse_a.to(DType::kFloat64), lse_b.to(DType::kFloat64)};
   Tensor out = Tensor::empty(out_a.sizes(), out_a.dtype());
   Tensor lse = Tensor::empty(lse_a.sizes(), DType::kFloat32);
   Tensor out64 = Tensor::empty(out_a.sizes(), DType::kFloat64);
-  const int64_t rows = la.numel();
+  const int64_t rows = lse_a.numel();
   const int64_t width = out_a.size(-1);
-  const double* pa = oa.data<double>();
-  const double* pb = ob.data<double>();
-  double* po = out64.data<double>();
-  float* plse = lse.data<float>();
   for (int64_t row = 0; row < rows; ++row) {
-    const double a = la.data<double>()[row], b = lb.data<double>()[row];
-    const double m = std::max(a, b);
-    double* dst = po + row * width;
-    if (m == kNegInf) {  // no key on either side: a fully masked row
-      for (int64_t e = 0; e < width; ++e) dst[e] = 0.0;
-      plse[row] = -std::numeric_limits<float>::infinity();
-      continue;
+    cpu::LsePartial<double> sides[2];
+    cpu::PartialMerge<double> merge;
+    for (int s = 0; s < 2; ++s) {
+      sides[s] = cpu::partial_from_lse(lse64[s].data<double>()[row]);
+      merge.see(sides[s].m, sides[s].l);
     }
-    const double wa = std::exp(a - m), wb = std::exp(b - m);  // one of them is 1
-    const double sum = wa + wb;
-    for (int64_t e = 0; e < width; ++e) {
-      const double va = wa == 0.0 ? 0.0 : wa * pa[row * width + e];
-      const double vb = wb == 0.0 ? 0.0 : wb * pb[row * width + e];
-      dst[e] = (va + vb) / sum;
+    double* dst = out64.data<double>() + row * width;
+    std::fill(dst, dst + width, 0.0);
+    double l = 0.0;
+    for (int s = 0; s < 2 && !merge.empty(); ++s) {
+      if (!cpu::contributes(sides[s].l)) continue;
+      const double w = merge.weight(sides[s].m);
+      l += w * sides[s].l;
+      const double* src = o64[s].data<double>() + row * width;
+      for (int64_t e = 0; e < width; ++e) dst[e] += w * src[e];
     }
-    plse[row] = static_cast<float>(m + std::log(sum));
+    const cpu::RowFinish<double> end = cpu::finalize(merge.max(), l);
+    for (int64_t e = 0; e < width; ++e) dst[e] = end.masked ? 0.0 : dst[e] * end.inv_l;
+    lse.data<float>()[row] = static_cast<float>(end.lse);
   }
   out.copy_(out64);
   return {out, lse};

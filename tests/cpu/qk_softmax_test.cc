@@ -61,14 +61,12 @@ struct TileKernel {
   static float Input(float x) {
     return kBf16 ? static_cast<float>(Bf16ToDouble(ToBf16Bits(x))) : x;
   }
-  void Run(int64_t rows, float score_scale, float* row_max, float* row_sum, float* sum_lanes,
-           float* alpha) {
+  void Run(int64_t rows, float score_scale, const SoftmaxRows& state) {
     if constexpr (kBf16) {
-      QkSoftmaxTileBf16(q_bits.data(), head_dim, rows, k_pairs.data(), head_dim / 2, score_scale,
-                        row_max, row_sum, sum_lanes, alpha, p_bits.data());
+      QkSoftmaxTileBf16({q_bits.data(), head_dim, rows}, {k_pairs.data(), head_dim / 2},
+                        score_scale, state, p_bits.data());
     } else {
-      QkSoftmaxTileF32(q.data(), head_dim, rows, k_t.data(), head_dim, row_max, row_sum, sum_lanes,
-                       alpha, p.data());
+      QkSoftmaxTileF32({q.data(), head_dim, rows}, {k_t.data(), head_dim}, state, p.data());
     }
   }
   double P(int64_t i) const {
@@ -122,6 +120,7 @@ void CheckTiles(int64_t rows, int64_t head_dim, float score_scale) {
   std::fill(row_max, row_max + kBlockQ, kNegInf);
   std::fill(row_sum, row_sum + kBlockQ, 0.0f);
   std::fill(sum_lanes, sum_lanes + kBlockQ * 16, 0.0f);
+  const SoftmaxRows state{row_max, row_sum, alpha, nullptr, 0, sum_lanes};
   kernel.p_bits.resize(static_cast<size_t>(rows * kBlockKv));
   kernel.p.resize(static_cast<size_t>(rows * kBlockKv));
   kernel.k_pairs.resize(static_cast<size_t>(round_up(head_dim, 2) * kBlockKv));
@@ -138,8 +137,8 @@ void CheckTiles(int64_t rows, int64_t head_dim, float score_scale) {
     }
     // As FlashQBlock before a tile that takes the unfused path: row_sum then holds earlier
     // tiles' sums when a later tile raises the max.
-    if (tile == 2) FoldSumLanes(rows, sum_lanes, row_sum);
-    kernel.Run(rows, score_scale, row_max, row_sum, sum_lanes, alpha);
+    if (tile == 2) FoldSumLanes(state, rows);
+    kernel.Run(rows, score_scale, state);
     for (int64_t r = 0; r < rows; ++r) {
       double tile_max = -HUGE_VAL;
       for (int64_t j = 0; j < kBlockKv; ++j) {
@@ -178,7 +177,7 @@ void CheckTiles(int64_t rows, int64_t head_dim, float score_scale) {
       }
     }
   }
-  FoldSumLanes(rows, sum_lanes, row_sum);
+  FoldSumLanes(state, rows);
   for (int64_t r = 0; r < rows; ++r) {
     double max = -HUGE_VAL, sum = 0.0;
     const double* s = want_scores.data() + r * kTiles * kBlockKv;

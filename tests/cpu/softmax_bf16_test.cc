@@ -53,9 +53,9 @@ void CheckTwoTiles(float score_scale, bool masked) {
   std::vector<double> want_sum(rows, 0.0), want_max(rows, -HUGE_VAL);
   std::vector<uint16_t> p(static_cast<size_t>(rows * kBlockKv));
   for (int tile = 0; tile < 2; ++tile) {
-    const std::vector<float> s = ScoreTile(rows, tile, masked, rng);
-    SoftmaxTileToBf16(s.data(), rows, score_scale, row_max.data(), row_sum.data(), alpha.data(),
-                      p.data());
+    std::vector<float> s = ScoreTile(rows, tile, masked, rng);
+    SoftmaxTileToBf16({s.data(), rows, score_scale},
+                      {row_max.data(), row_sum.data(), alpha.data(), nullptr, 0}, p.data());
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = s.data() + r * kBlockKv;
       float tile_max = kNegInf;

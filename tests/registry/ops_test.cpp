@@ -1,6 +1,9 @@
 // merge_attention_states and materialize_bias on the host and on the example plugin's
 // device, and plugins loaded from the SDPA_BACKENDS environment variable.
 
+#include <cmath>
+#include <limits>
+
 #include <gtest/gtest.h>
 
 #include "arena_fixture.h"
@@ -47,6 +50,28 @@ void expect_merge_matches(DType dtype, SDPBackend backend, double tolerance) {
 TEST(Merge, TwoHalvesOfTheKeysEqualAttentionOverAll) {
   expect_merge_matches(DType::kFloat64, SDPBackend::MATH, 1e-6);
   expect_merge_matches(DType::kFloat32, SDPBackend::FLASH_ATTENTION, 2e-6);
+}
+
+// The NaN rule of online_softmax.h: a NaN lse on either side makes its row NaN, also
+// beside a fully masked side (std::max(-inf, NaN) would have dropped it); a fully masked
+// side's out is not read, even when it holds infinities.
+TEST(Merge, NanLseMakesTheRowNanAndAMaskedSideIsNotRead) {
+  const double kNan = std::numeric_limits<double>::quiet_NaN();
+  const Tensor out_a = randn({3, 5}, DType::kFloat32, 1);
+  Tensor out_b = randn({3, 5}, DType::kFloat32, 2);
+  Tensor lse_a = randn({3}, DType::kFloat32, 3), lse_b = randn({3}, DType::kFloat32, 4);
+  set(lse_a, {0}, -kInf);
+  set(lse_b, {0}, kNan);  // masked beside NaN
+  set(lse_a, {1}, kNan);  // NaN beside finite
+  set(lse_b, {2}, -kInf);  // masked side holding infinities
+  for (int64_t j = 0; j < 5; ++j) set(out_b, {2, j}, kInf);
+  const AttentionState merged = merge_attention_states(out_a, lse_a, out_b, lse_b);
+  for (int64_t row = 0; row < 2; ++row) {
+    EXPECT_TRUE(std::isnan(merged.lse.item({row}))) << "row " << row;
+    for (int64_t j = 0; j < 5; ++j) EXPECT_TRUE(std::isnan(merged.out.item({row, j})));
+  }
+  EXPECT_EQ(merged.lse.item({2}), lse_a.item({2}));
+  for (int64_t j = 0; j < 5; ++j) EXPECT_NEAR(merged.out.item({2, j}), out_a.item({2, j}), 1e-6);
 }
 
 TEST(Merge, RejectsInconsistentInputs) {

@@ -1,0 +1,223 @@
+// The SIMD steps of the online softmax on a SoftmaxRows state (online_softmax.h has the
+// state and its rules): the update of a score tile (SoftmaxTile), the accumulators'
+// rescale, the flush of partial sums and the finish into out and lse. The AVX-512 fused
+// tiles' variants (lazy_softmax-inl.h, softmax_bf16-inl.h) use RescaleFactors and
+// NoFiniteScoreFill from here. Per-target code: include after foreach_target.h.
+
+#if defined(SDPA_CPU_ONLINE_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SDPA_CPU_ONLINE_SOFTMAX_INL_H_
+#undef SDPA_CPU_ONLINE_SOFTMAX_INL_H_
+#else
+#define SDPA_CPU_ONLINE_SOFTMAX_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "cpu/fast_exp-inl.h"
+#include "cpu/flash_tile.h"
+#include "cpu/gemm-inl.h"
+#include "cpu/online_softmax.h"
+#include "cpu/reduce_lanes-inl.h"
+#include "cpu/rows.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sdpa::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+/// row[0, n) *= factor; n a multiple of the vector width.
+HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
+  const hn::ScalableTag<float> d;
+  const auto f = hn::Set(d, factor);
+  for (int64_t j = 0; j < n; j += static_cast<int64_t>(hn::Lanes(d))) {
+    hn::StoreU(hn::Mul(hn::LoadU(d, row + j), f), d, row + j);
+  }
+}
+
+/// The factors by which rows' l and o are multiplied when their max goes from old_max to
+/// new_max: e^(old - new), 0 for a row's first finite scores (its l and o are still 0), 1
+/// while the row has none.
+template <class D>
+HWY_INLINE hn::Vec<D> RescaleFactors(D d, hn::Vec<D> old_max, hn::Vec<D> new_max) {
+  const auto seen = hn::Ne(new_max, hn::Set(d, kNegInf));
+  return hn::IfThenElse(seen, FastExp(d, hn::Sub(old_max, new_max)), hn::Set(d, 1.0f));
+}
+
+/// The probability every key of [first, last) gets in a row without a finite score: 0, or
+/// NaN when one of the scores is NaN, which makes the row NaN as in PyTorch (Highway's Max
+/// may return the non-NaN operand, so the max cannot carry it).
+HWY_INLINE float NoFiniteScoreFill(const float* first, const float* last) {
+  const bool nan = std::any_of(first, last, [](float x) { return std::isnan(x); });
+  return nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+}
+
+/// A tile's score rows for the softmax: row r at s + r * kBlockKv, r < rows, scores times
+/// `scale` (> 0) in the softmax's units.
+struct ScoreRows {
+  float* s;
+  int64_t rows;
+  float scale;
+};
+
+/// Columns [first[k], last[k]) (whole vectors) of rows r0 + k; null: all kBlockKv.
+struct RowSpans {
+  const int64_t* first;
+  const int64_t* last;
+};
+
+/// The max step of SoftmaxTile for rows [r0, r0 + N), N = Lanes: the rows' scores within
+/// `spans` raise state.m; state.alpha gets the factors (RescaleFactors). Returns the new
+/// maxes. Reduces the N rows by one tree (ReduceLanesTree), not one reduction per row.
+template <class D>
+HWY_INLINE hn::Vec<D> RaiseRowMaxes(D d, const ScoreRows& tile, int64_t r0, RowSpans spans,
+                                    const SoftmaxRows& state) {
+  using V = hn::Vec<D>;
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const V neg_inf = hn::Set(d, kNegInf);
+  V v[N];
+  for (int64_t k = 0; k < N; ++k) {
+    v[k] = neg_inf;
+    if (r0 + k >= tile.rows) continue;
+    // Null spans leave constant bounds, which unroll.
+    const int64_t lo = spans.first ? spans.first[k] : 0;
+    const int64_t hi = spans.first ? spans.last[k] : kBlockKv;
+    for (int64_t j = lo; j < hi; j += lanes) {
+      v[k] = hn::Max(v[k], hn::LoadU(d, tile.s + (r0 + k) * kBlockKv + j));
+    }
+  }
+  const V old_max = hn::LoadU(d, state.m + r0);
+  const V new_max =
+      hn::Max(old_max, hn::Mul(ReduceLanesTree(d, v, MaxLanes()), hn::Set(d, tile.scale)));
+  hn::StoreU(RescaleFactors(d, old_max, new_max), d, state.alpha + r0);
+  hn::StoreU(new_max, d, state.m + r0);
+  return new_max;
+}
+
+/// Online-softmax update of a score tile's rows (Milakov & Gimelshein 2018;
+/// FlashAttention-2): row r becomes unnormalized probabilities relative to the raised
+/// state.m[r], state.l[r] is rescaled and increased, and state.alpha[r] gets the factor
+/// that the caller applies to o (ApplyRescale). With `support`, row r can hold finite
+/// scores only in columns [begin[r], end[r]); the work covers the vectors spanning them
+/// and zeroes the rest. The state's m, l, alpha hold round_up(rows, Lanes) entries (rows
+/// past `rows` keep -inf maxes).
+HWY_INLINE void SoftmaxTile(const ScoreRows& tile, const RowSupport* support,
+                            const SoftmaxRows& state) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const float score_scale = tile.scale;
+  for (int64_t r0 = 0; r0 < tile.rows; r0 += N) {
+    int64_t first[N], last[N];
+    for (int64_t k = 0; k < N; ++k) {
+      const int64_t r = r0 + k;
+      first[k] = last[k] = 0;
+      if (r < tile.rows) {
+        first[k] = support ? support->begin[r] / lanes * lanes : 0;
+        last[k] =
+            support ? std::max(first[k], (support->end[r] + lanes - 1) / lanes * lanes) : kBlockKv;
+      }
+    }
+    HWY_ALIGN float maxes[N];
+    hn::Store(RaiseRowMaxes(d, tile, r0, {first, last}, state), d, maxes);
+    const V c = hn::Set(d, score_scale * kLog2e);
+    V v[N];
+    for (int64_t k = 0; k < N; ++k) {
+      const int64_t r = r0 + k;
+      v[k] = hn::Zero(d);
+      if (r >= tile.rows) continue;
+      float* row = tile.s + r * kBlockKv;
+      std::fill(row, row + first[k], 0.0f);
+      std::fill(row + last[k], row + kBlockKv, 0.0f);
+      if (!has_finite_score(maxes[k])) {
+        const float fill = NoFiniteScoreFill(row + first[k], row + last[k]);
+        std::fill(row + first[k], row + last[k], fill);
+        v[k] = hn::Set(d, fill);
+        continue;
+      }
+      const V m = hn::Set(d, maxes[k]);
+      const V off = hn::Mul(m, hn::Set(d, kLog2e));
+      for (int64_t j = first[k]; j < last[k]; j += lanes) {
+        // Already scaled scores subtract the max first: exact for the huge finite values a
+        // float mask may add (-1e30), where max * log2 e would overflow.
+        const V x = hn::LoadU(d, row + j);
+        const V e =
+            score_scale == 1.0f ? FastExp(d, hn::Sub(x, m)) : FastExp2(d, hn::MulSub(x, c, off));
+        hn::StoreU(e, d, row + j);
+        v[k] = hn::Add(v[k], e);
+      }
+    }
+    const V sums = ReduceLanesTree(d, v, AddLanes());
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, state.l + r0), hn::LoadU(d, state.alpha + r0), sums), d,
+               state.l + r0);
+  }
+}
+
+/// Multiplies rows [0, rows) of o by their factors state.alpha (where not 1), and of l
+/// too with `with_l` (the softmax kernels rescale the l they update themselves).
+HWY_INLINE void ApplyRescale(const SoftmaxRows& state, int64_t rows, bool with_l) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float a = state.alpha[r];
+    if (a == 1.0f) continue;
+    ScaleRow(state.o + r * state.o_stride, state.o_stride, a);
+    if (with_l) state.l[r] *= a;
+  }
+}
+
+/// Adds rows [0, rows) of `partial`'s l into `total`'s (and its o with `with_o`), zeroing
+/// what it added: two states sharing m, so that `total` takes one rounding per flush
+/// instead of one per key tile.
+HWY_INLINE void AddPartial(const SoftmaxRows& partial, const SoftmaxRows& total, int64_t rows,
+                           bool with_o) {
+  const hn::ScalableTag<float> d;
+  if (with_o) {
+    const int64_t n = rows * total.o_stride;
+    for (int64_t j = 0; j < n; j += static_cast<int64_t>(hn::Lanes(d))) {
+      hn::StoreU(hn::Add(hn::LoadU(d, total.o + j), hn::LoadU(d, partial.o + j)), d, total.o + j);
+      hn::StoreU(hn::Zero(d), d, partial.o + j);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    total.l[r] += partial.l[r];
+    partial.l[r] = 0.0f;
+  }
+}
+
+/// Resets rows [0, rows) of the state to no key seen: m = -inf, l = 0, o = 0; m and l
+/// through round_up(rows, kMaxLanes), as the SIMD softmaxes read whole vectors of rows.
+HWY_INLINE void ResetRows(const SoftmaxRows& state, int64_t rows) {
+  const int64_t padded = round_up(rows, kMaxLanes);
+  std::fill(state.m, state.m + padded, kNegInf);
+  std::fill(state.l, state.l + padded, 0.0f);
+  std::fill(state.o, state.o + rows * state.o_stride, 0.0f);
+}
+
+/// Ends rows [0, rows) (finalize): query row i0 + r of `out_rows` gets o / l, or 0 for a
+/// fully masked row, and lse[r] its logsumexp. o is normalized in place.
+HWY_INLINE void FinishRows(const SoftmaxRows& state, int64_t rows, const RowView& out_rows,
+                           int64_t i0, float* HWY_RESTRICT lse) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = state.o + r * state.o_stride;
+    const RowFinish<float> end = finalize(state.m[r], state.l[r]);
+    if (end.masked) {
+      std::fill(o, o + state.o_stride, 0.0f);
+    } else {
+      ScaleRow(o, state.o_stride, end.inv_l);
+    }
+    lse[r] = end.lse;
+    out_rows.store(i0 + r, o);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace sdpa::cpu
+HWY_AFTER_NAMESPACE();
+
+#endif  // SDPA_CPU_ONLINE_SOFTMAX_INL_H_
