@@ -44,7 +44,8 @@ void ChainThroughScoreMod(FlexBackward& fg, const BlockPair& t, const ScoreRowGr
   flex::RowBuffers& rows = *ws.grad_rows;
   const int64_t chunk = t.chunk, cols = t.cols;
   float* dscore = row.dscore;
-  flex::HWY_NAMESPACE::EvaluateRow(rows, row.mod_input, t.q.b, t.q.h, row.i, t.kv_begin, cols);
+  flex::HWY_NAMESPACE::EvaluateRow(rows, {t.q.b, t.q.h, row.i, 1, t.kv_begin}, row.mod_input,
+                                   cols);
   const flex::GradientProgram& g = fg.program;
   for (int32_t id : g.program->outputs) flex::HWY_NAMESPACE::MaterializeLanes(rows, id);
   if (chunk >= 0) {
@@ -95,6 +96,7 @@ void ProbsAndScoreGrads(const BackwardCall& call, const PackedBackwardGroup& gro
          group.v_t(tile), kBlockKv, ws.dscores, kBlockKv, false);
   }
   const DenseMaskRows dense(p.mask, b, h);
+  const HeadMasking masking{p.mask, dense, &ws.flex, b, h, L, S};
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = q_begin + r;
     float* prob = ws.probs + r * kBlockKv;
@@ -107,13 +109,12 @@ void ProbsAndScoreGrads(const BackwardCall& call, const PackedBackwardGroup& gro
     }
     // The scores as score_mod saw them, kept only for its derivative.
     float* mod_input = call.flex_grad ? ws.mod_input + r * kBlockKv : nullptr;
-    MaskScoreRow(p, dense, &ws.flex, b, h, i, row_columns(p.mask, b, i, L, S), kv_begin, cols,
-                 prob, mod_input);
+    MaskScoreRow(masking, {i, row_columns(p.mask, b, i, L, S), kv_begin, cols}, prob, mod_input);
     const auto vlse = hn::Set(d, row_lse);
     const auto vdelta = hn::Set(d, call.delta[query_row_index(p, b, h, i)]);
     if (p.has_dropout()) {
       std::fill(ws.keep, ws.keep + kBlockKv, 1.0f);
-      apply_dropout(p, b, h, i, kv_begin, ws.keep, cols);
+      apply_dropout(p, {b, h, i, kv_begin}, ws.keep, cols);
     }
     for (int64_t j = 0; j < kBlockKv; j += lanes) {
       const auto pr = FastExp(d, hn::Sub(hn::LoadU(d, prob + j), vlse));
@@ -200,9 +201,9 @@ void FlashKvBlockBackward(const BackwardCall& call, const PackedBackwardGroup& g
     const int64_t h = kv.hk * p.group_size() + g;
     for (int64_t q_begin = 0; q_begin < p.q_len; q_begin += kBlockQ) {
       const int64_t rows = std::min(kBlockQ, p.q_len - q_begin);
-      const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, kv.b, h, q_begin, q_begin + rows);
-      if (kv.kv_begin < tiles.first || kv.kv_begin >= tiles.end) continue;
       const BlockPair t{{kv.b, h, q_begin, rows}, g, kv.kv_begin, cols, -1};
+      const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, t.q);
+      if (kv.kv_begin < tiles.first || kv.kv_begin >= tiles.end) continue;
       ProbsAndScoreGrads(call, group, t, ws);
       AccumulateGradKv(group, t, ws);
       // The same call as FlashQBlockBackward's, so the sums are bit-identical.
@@ -223,7 +224,7 @@ void FlashQBlockBackward(const BackwardCall& call, const PackedBackwardGroup& gr
   const AttentionParams& p = call.p;
   const int64_t e_pad = group.e_pad();
   std::fill(ws.dq, ws.dq + q.rows * e_pad, 0.0f);
-  const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, q.b, q.h, q.q_begin, q.q_begin + q.rows);
+  const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, q);
   for (int64_t kv_begin = tiles.first; kv_begin < tiles.end; kv_begin += kBlockKv) {
     const BlockPair t{q, q.h % p.group_size(), kv_begin, std::min(kBlockKv, p.kv_len - kv_begin),
                       chunk};

@@ -79,13 +79,14 @@ HWY_INLINE void DecodeTile(const Routes& routes, const AttentionParams& p, const
     const int64_t h = item.hk * G + r / L, i = r % L;
     // Columns outside [c_begin, c_end) are outside every row's keys: MaskScoreRow sets
     // them (and every other masked key) to -inf.
-    MaskScoreRow(p, DenseMaskRows(p.mask, item.b, h), &ws.flex, item.b, h, i, ws.row_keys[r], j0,
-                 cols, ws.scores + r * kBlockKv);
+    const DenseMaskRows dense(p.mask, item.b, h);
+    MaskScoreRow({p.mask, dense, &ws.flex, item.b, h, L, p.kv_len}, {i, ws.row_keys[r], j0, cols},
+                 ws.scores + r * kBlockKv);
   }
   routes.values.Softmax(call);
   if constexpr (!decltype(routes.values)::kRescalesAcc) ApplyRescale(call.state, call.rows, false);
   for (int64_t r = 0; r < call.rows && p.has_dropout(); ++r) {
-    apply_dropout(p, item.b, item.hk * G + r / L, r % L, j0, ws.scores + r * kBlockKv, cols);
+    apply_dropout(p, {item.b, item.hk * G + r / L, r % L, j0}, ws.scores + r * kBlockKv, cols);
   }
   routes.values.Accumulate(call, j0, c_begin, c_end);
 }

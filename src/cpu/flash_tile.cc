@@ -29,7 +29,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 struct TileRows {
   QueryTile q;
   int64_t j0, cols;
-  const DenseMaskRows* dense;
+  const HeadMasking* masking;
   const ColumnRange* keys;     // per row: keys kept (BlockMask rows: their kept hull)
   const bool* blocks_applied;  // per row: FlexRowSupport applied its BlockMask
   const RowSupport* support;   // float32 path: per row, the columns to compute
@@ -62,17 +62,13 @@ void ScoresAndSoftmax(const ForwardCall& call, const TileRows& tr, const PackedK
     Gemm(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, false);
   }
 
-  const int64_t b = tr.q.b, h = tr.q.h;
-  if (alibi) AlibiTile(p, h, tr.q.q_begin, rows, tr.j0, ws.scores);
+  const KeyTileRows tile{tr.q.q_begin, rows, tr.keys, tr.j0, tr.cols};
+  if (alibi) AlibiTile(*tr.masking, tile, ws.scores);
   const bool tile_score_mod = tr.needs_mask && ws.flex.score_mod.has_value();
-  if (tile_score_mod) {
-    ScoreModTile(p, *tr.dense, ws.flex, b, h, tr.q.q_begin, rows, tr.keys, tr.j0, tr.cols,
-                 ws.scores, alibi);
-  }
+  if (tile_score_mod) ScoreModTile(*tr.masking, tile, ws.scores, alibi);
   if (tr.needs_mask) {
     for (int64_t r = 0; r < rows; ++r) {
-      MaskScoreRow(p, *tr.dense, &ws.flex, b, h, tr.q.q_begin + r, tr.keys[r], tr.j0, tr.cols,
-                   ws.scores + r * kBlockKv, nullptr,
+      MaskScoreRow(*tr.masking, tile.row(r), ws.scores + r * kBlockKv, nullptr,
                    {tile_score_mod, tr.blocks_applied[r], alibi});
     }
   }
@@ -83,18 +79,26 @@ void ScoresAndSoftmax(const ForwardCall& call, const TileRows& tr, const PackedK
   SoftmaxTile(scores, tr.support, ws.partial);
 }
 
-// The rows' keys in key tile [j0, j0 + cols) (keys[r], the rows' row_columns narrowed by
-// a BlockMask to its kept keys' hull; blocks_applied[r]: FlexRowSupport narrowed them).
-// Returns whether any row keeps a key there.
-HWY_INLINE bool TileKeys(const QueryTile& q, int64_t j0, int64_t cols, FlashScratch& ws,
-                         ColumnRange* keys, bool* blocks_applied) {
-  std::copy(ws.row_keys, ws.row_keys + q.rows, keys);
-  std::fill(blocks_applied, blocks_applied + q.rows, false);
+// The keys of a q-block's rows in one key tile: keys[r] is row r's row_columns, narrowed
+// by a BlockMask to its kept keys' hull (blocks_applied[r]: FlexRowSupport narrowed it).
+struct TileKeySet {
+  ColumnRange keys[kBlockQ];
+  bool blocks_applied[kBlockQ];
+};
+
+// Fills `set` for the rows and key tile of `tile` (whose keys it ignores; the rows' keys
+// are ws.row_keys); returns whether any row keeps a key there.
+HWY_INLINE bool TileKeys(const HeadMasking& m, const FlashScratch& ws, const KeyTileRows& tile,
+                         TileKeySet& set) {
+  std::copy(ws.row_keys, ws.row_keys + tile.rows, set.keys);
+  std::fill(set.blocks_applied, set.blocks_applied + tile.rows, false);
   if (!ws.flex.blocks.active()) return true;
   bool any_key = false;
-  for (int64_t r = 0; r < q.rows; ++r) {
-    blocks_applied[r] = FlexRowSupport(ws.flex, q.b, q.h, q.q_begin + r, j0, cols, keys[r]);
-    any_key = any_key || !keys[r].empty();
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    KeyTileRow row{tile.q_begin + r, set.keys[r], tile.j0, tile.cols};
+    set.blocks_applied[r] = FlexRowSupport(m, row);
+    set.keys[r] = row.keep;
+    any_key = any_key || !row.keep.empty();
   }
   return any_key;
 }
@@ -138,6 +142,7 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
   const int64_t S = p.kv_len, rows = q.rows;
   const int64_t ev_pad = ws.head_dim_vo_padded;
   const DenseMaskRows dense(p.mask, q.b, q.h);
+  const HeadMasking masking{p.mask, dense, &ws.flex, q.b, q.h, p.q_len, S};
   const bool alibi = !p.mask.alibi_slopes.empty();  // added per tile by AlibiTile
 
   const bool bf16 = Target::kBf16Dot && ws.bf16_dot;
@@ -149,12 +154,13 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
   bool sums_in_lanes = false;
 
   // Key tiles outside every row's band are never visited.
-  const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, q.b, q.h, q.q_begin, q.q_begin + rows);
+  const KvTileRange tiles = VisibleKvTiles(p, &ws.flex, q);
   for (int64_t j0 = tiles.first; j0 < tiles.end; j0 += kBlockKv) {
     const int64_t cols = std::min(kBlockKv, S - j0);
-    ColumnRange keys[kBlockQ];
-    bool blocks_applied[kBlockQ];
-    if (!TileKeys(q, j0, cols, ws, keys, blocks_applied)) continue;  // the tile changes no row
+    TileKeySet set;
+    // A tile that changes no row is skipped.
+    if (!TileKeys(masking, ws, {q.q_begin, rows, nullptr, j0, cols}, set)) continue;
+    const ColumnRange* keys = set.keys;
     const bool needs_mask = TileNeedsMask(p, &ws.flex, ws.row_keys, rows, j0);
     const PackedKv::Tile t =
         call.kv.tile(p, q.b, q.h / p.group_size(), j0 / kBlockKv, call.kv_generation(q.b, q.h),
@@ -192,7 +198,7 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
       }
     }
     if (!(Target::kFusedTiles && fused)) {
-      const TileRows tile_rows{q,          j0,        cols, &dense, keys, blocks_applied,
+      const TileRows tile_rows{q,    j0,  cols, &masking, keys, set.blocks_applied,
                                trimmed ? &support : nullptr, needs_mask, p_in_bf16};
       ScoresAndSoftmax<Target>(call, tile_rows, t, ws);
     }
@@ -200,7 +206,7 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
     ApplyRescale(ws.total, rows, true);
     ApplyRescale(ws.partial, rows, false);
     for (int64_t r = 0; r < rows && p.has_dropout(); ++r) {
-      apply_dropout(p, q.b, q.h, q.q_begin + r, j0, ws.scores + r * kBlockKv, cols);
+      apply_dropout(p, {q.b, q.h, q.q_begin + r, j0}, ws.scores + r * kBlockKv, cols);
     }
 
     if (bf16) {

@@ -25,14 +25,18 @@ inline float lse_at(const Tensor& lse, int64_t b, int64_t h, int64_t i) {
   return lse.data<float>()[b * lse.stride(0) + h * lse.stride(1) + i * lse.stride(2)];
 }
 
-/// Applies the call's dropout to P's query row i of (b, h), keys [j0, j0 + n), held at
-/// row[0, n): each element is zeroed or scaled by 1 / (1 - dropout_p), as drawn by its
-/// index in [B, Hq, L, S] (philox.h), so that every kernel draws the same mask.
+/// Score (b, h, i, j): query row i of (batch b, query head h) against key j.
+struct ScoreIndex {
+  int64_t b, h, i, j;
+};
+
+/// Applies the call's dropout to P's scores `first` .. `first` + n - 1 along the keys,
+/// held at row[0, n): each element is zeroed or scaled by 1 / (1 - dropout_p), as drawn by
+/// its index in [B, Hq, L, S] (philox.h), so that every kernel draws the same mask.
 template <typename T>
-inline void apply_dropout(const AttentionParams& p, int64_t b, int64_t h, int64_t i, int64_t j0,
-                          T* row, int64_t n) {
-  const auto first = static_cast<uint64_t>(query_row_index(p, b, h, i) * p.kv_len + j0);
-  DropoutStream(p.dropout.philox, p.dropout.p).apply(first, row, n);
+inline void apply_dropout(const AttentionParams& p, const ScoreIndex& first, T* row, int64_t n) {
+  const int64_t element = query_row_index(p, first.b, first.h, first.i) * p.kv_len + first.j;
+  DropoutStream(p.dropout.philox, p.dropout.p).apply(static_cast<uint64_t>(element), row, n);
 }
 
 /// A tile coordinate: query rows [q_begin, q_begin + rows) of (batch b, query head h).

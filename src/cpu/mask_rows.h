@@ -68,11 +68,11 @@ inline ColumnRange row_columns(const MaskDescriptor& mask, int64_t b, int64_t i,
 }
 
 /// Union of row_columns over rows [row_begin, row_end): the key range a q-block can see.
-inline ColumnRange block_columns(const MaskDescriptor& mask, int64_t b, int64_t row_begin,
-                                 int64_t row_end, int64_t q_len, int64_t kv_len) {
-  ColumnRange all{kv_len, 0};
+inline ColumnRange block_columns(const AttentionParams& p, int64_t b, int64_t row_begin,
+                                 int64_t row_end) {
+  ColumnRange all{p.kv_len, 0};
   for (int64_t i = row_begin; i < row_end; ++i) {
-    const ColumnRange r = row_columns(mask, b, i, q_len, kv_len);
+    const ColumnRange r = row_columns(p.mask, b, i, p.q_len, p.kv_len);
     if (r.empty()) continue;
     all.begin = std::min(all.begin, r.begin);
     all.end = std::max(all.end, r.end);
@@ -137,15 +137,26 @@ class DenseMaskRows {
   int64_t stride_col_ = 0;
 };
 
-/// Applies every part of the mask to a full score row s[0, kv_len) of (b, h, i), in the
+/// What masks the score rows of one (batch b, query head h): the call's mask, its dense
+/// mask rows of (b, h), the flex state (null without flex), and the call's q_len / kv_len.
+struct HeadMasking {
+  const MaskDescriptor& mask;
+  const DenseMaskRows& dense;
+  flex::RowState* flex;
+  int64_t b, h, q_len, kv_len;
+};
+
+/// Applies every part of the mask to a full score row s[0, kv_len) of query row i, in the
 /// order FLASH uses per tile (tile_ops-inl.h): additive terms (dense float mask, ALiBi),
 /// then the flex score_mod, then the masks (row interval, dense bool mask, BlockMask and
 /// its mask_mod). The scalar float64-capable form used by MATH.
 /// `mod_input`, when non-null, receives the row as score_mod sees it (for the backward).
 template <typename T>
-void mask_score_row(const MaskDescriptor& mask, const DenseMaskRows& dense,
-                    flex::RowState* flex_state, int64_t b, int64_t h, int64_t i, int64_t q_len,
-                    int64_t kv_len, T* s, T* mod_input = nullptr) {
+void mask_score_row(const HeadMasking& m, int64_t i, T* s, T* mod_input = nullptr) {
+  const MaskDescriptor& mask = m.mask;
+  const DenseMaskRows& dense = m.dense;
+  flex::RowState* flex_state = m.flex;
+  const int64_t b = m.b, h = m.h, q_len = m.q_len, kv_len = m.kv_len;
   const ColumnRange keep = row_columns(mask, b, i, q_len, kv_len);
   const T neg_inf = -std::numeric_limits<T>::infinity();
   if (dense.additive()) dense.apply(i, keep.begin, keep.end - keep.begin, s + keep.begin);

@@ -34,10 +34,11 @@ struct MathBuffers {
   flex::RowState flex;
 };
 
-// Rows of out and lse for one (batch, query head).
+// Rows of out and lse for one (batch, query head) bh = b * Hq + h.
 template <typename Acc>
-void forward_head(const AttentionParams& p, int64_t b, int64_t h, MathBuffers<Acc>& buf,
-                  const Tensor& out, float* lse) {
+void forward_head(const AttentionParams& p, int64_t bh, MathBuffers<Acc>& buf, const Tensor& out,
+                  float* lse) {
+  const int64_t b = bh / p.num_heads_q, h = bh % p.num_heads_q;
   const int64_t L = p.q_len, S = p.kv_len, E = p.head_dim_qk, Ev = p.head_dim_vo;
   const Acc scale = static_cast<Acc>(p.scale);
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
@@ -45,6 +46,7 @@ void forward_head(const AttentionParams& p, int64_t b, int64_t h, MathBuffers<Ac
   const RowView q_rows(p.q, b, h), k_rows(p.k, b, hk), v_rows(p.v, b, hk);
   const RowView out_rows(out, b, h);
   const DenseMaskRows dense(p.mask, b, h);
+  const HeadMasking masking{p.mask, dense, &buf.flex, b, h, L, S};
   for (int64_t j = 0; j < S; ++j) {
     k_rows.load(j, buf.k.data() + j * E);
     v_rows.load(j, buf.v.data() + j * Ev);
@@ -57,7 +59,7 @@ void forward_head(const AttentionParams& p, int64_t b, int64_t h, MathBuffers<Ac
       for (int64_t e = 0; e < E; ++e) dot += buf.q[e] * buf.k[j * E + e];
       s[j] = dot * scale;
     }
-    mask_score_row(p.mask, dense, &buf.flex, b, h, i, L, S, s);
+    mask_score_row(masking, i, s);
     Acc max = neg_inf;
     for (int64_t j = 0; j < S; ++j) max = max_keeping_nan(max, s[j]);
     const int64_t row = query_row_index(p, b, h, i);
@@ -76,7 +78,7 @@ void forward_head(const AttentionParams& p, int64_t b, int64_t h, MathBuffers<Ac
     }
     lse[row] = static_cast<float>(finalize<double>(max, sum).lse);
     for (int64_t j = 0; j < S; ++j) s[j] = static_cast<Acc>(s[j] / sum);
-    if (p.has_dropout()) apply_dropout(p, b, h, i, 0, s, S);
+    if (p.has_dropout()) apply_dropout(p, {b, h, i, 0}, s, S);
     std::fill(buf.o_sum.begin(), buf.o_sum.end(), 0.0);
     for (int64_t j = 0; j < S; ++j) {
       const double p_j = s[j];
@@ -94,14 +96,12 @@ void math_forward_typed(const AttentionParams& p, const Tensor& out, const Tenso
       detail::ThreadingContext::current().threads_for(p.batch * p.num_heads_q, forward_work(p));
   detail::run_region(threads, [&] {
     MathBuffers<Acc> buf(p);
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < p.batch; ++b) {
-      for (int64_t h = 0; h < p.num_heads_q; ++h) {
-        try {
-          forward_head(p, b, h, buf, out, lse.data<float>());
-        } catch (...) {
-          errors.capture();
-        }
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < p.batch * p.num_heads_q; ++bh) {
+      try {
+        forward_head(p, bh, buf, out, lse.data<float>());
+      } catch (...) {
+        errors.capture();
       }
     }
   });

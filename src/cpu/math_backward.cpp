@@ -44,9 +44,9 @@ struct MathBackwardBuffers {
 
 // Gradients of every query head of kv head hk's group; dK/dV summed over the group.
 template <typename Acc>
-void backward_kv_head(const AttentionParams& p, int64_t b, int64_t hk, int64_t item,
-                      MathBackwardBuffers<Acc>& buf, FlexGrad* grad,
-                      detail::BackwardOutputs& out) {
+void backward_kv_head(const AttentionParams& p, int64_t item, MathBackwardBuffers<Acc>& buf,
+                      FlexGrad* grad, detail::BackwardOutputs& out) {
+  const int64_t b = item / p.num_heads_kv, hk = item % p.num_heads_kv;
   const int64_t L = p.q_len, S = p.kv_len, E = p.head_dim_qk, Ev = p.head_dim_vo;
   const Acc scale = static_cast<Acc>(p.scale);
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
@@ -60,6 +60,7 @@ void backward_kv_head(const AttentionParams& p, int64_t b, int64_t hk, int64_t i
   for (int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
     const RowView q_rows(p.q, b, h), dout_rows(p.grad_out, b, h), dq_rows(out.grad_q, b, h);
     const DenseMaskRows dense(p.mask, b, h);
+    const HeadMasking masking{p.mask, dense, &buf.flex, b, h, L, S};
     for (int64_t i = 0; i < L; ++i) {
       q_rows.load(i, buf.q.data());
       dout_rows.load(i, buf.dout.data());
@@ -69,7 +70,7 @@ void backward_kv_head(const AttentionParams& p, int64_t b, int64_t hk, int64_t i
         for (int64_t e = 0; e < E; ++e) dot += buf.q[e] * buf.k[j * E + e];
         prob[j] = dot * scale;
       }
-      mask_score_row(p.mask, dense, &buf.flex, b, h, i, L, S, prob, buf.raw.data());
+      mask_score_row(masking, i, prob, buf.raw.data());
       Acc max = neg_inf;
       for (int64_t j = 0; j < S; ++j) max = max_keeping_nan(max, prob[j]);
       std::fill(buf.dq.begin(), buf.dq.end(), Acc(0));
@@ -81,7 +82,7 @@ void backward_kv_head(const AttentionParams& p, int64_t b, int64_t hk, int64_t i
         for (int64_t j = 0; j < S; ++j) sum += (prob[j] = std::exp(prob[j] - max));
         for (int64_t j = 0; j < S; ++j) prob[j] /= sum;
         std::fill(buf.keep.begin(), buf.keep.end(), Acc(1));
-        if (p.has_dropout()) apply_dropout(p, b, h, i, 0, buf.keep.data(), S);
+        if (p.has_dropout()) apply_dropout(p, {b, h, i, 0}, buf.keep.data(), S);
         // dP_j = keep_j * (dO . v_j); D = sum_j P_j dP_j = rowsum(dO o O).
         Acc delta = 0;
         for (int64_t j = 0; j < S; ++j) {
@@ -142,8 +143,7 @@ void math_backward_typed(const AttentionParams& p, detail::BackwardOutputs& out)
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
       try {
-        backward_kv_head(p, item / p.num_heads_kv, item % p.num_heads_kv, item, buf,
-                         grad ? &*grad : nullptr, out);
+        backward_kv_head(p, item, buf, grad ? &*grad : nullptr, out);
       } catch (...) {
         errors.capture();
       }

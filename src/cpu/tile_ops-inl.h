@@ -13,6 +13,7 @@
 
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
+#include "cpu/kernel_context.h"
 #include "cpu/mask_rows.h"
 #include "cpu/online_softmax-inl.h"
 #include "cpu/pack.h"
@@ -40,27 +41,48 @@ HWY_INLINE void AddAlibiRow(float* HWY_RESTRICT s, float slope, int64_t offset) 
   }
 }
 
-/// Adds the ALiBi bias to rows [0, rows) of a score tile (query rows q_begin + r of head h,
-/// key tile [j0, j0 + kBlockKv), rows of kBlockKv floats) in one pass, so that tiles which
-/// need no masking otherwise skip MaskScoreRow. Lanes outside a row's keys get a bias too;
-/// MaskScoreRow overwrites them when the tile needs masking.
-HWY_INLINE void AlibiTile(const AttentionParams& p, int64_t h, int64_t q_begin, int64_t rows,
-                          int64_t j0, float* HWY_RESTRICT scores) {
-  const AlibiRow first = alibi_row(p.mask, h, q_begin, p.q_len, p.kv_len);
-  for (int64_t r = 0; r < rows; ++r) {
-    AddAlibiRow(scores + r * kBlockKv, first.slope, j0 - (first.center + r));
+/// Row i's kept keys `keep` (absolute columns) in key tile [j0, j0 + cols).
+struct KeyTileRow {
+  int64_t i;
+  ColumnRange keep;
+  int64_t j0;
+  int64_t cols;
+
+  int64_t lo() const { return std::clamp<int64_t>(keep.begin - j0, 0, cols); }
+  int64_t hi() const { return std::clamp<int64_t>(keep.end - j0, lo(), cols); }
+};
+
+/// Query rows [q_begin, q_begin + rows) in key tile [j0, j0 + cols), row r keeping keys[r].
+struct KeyTileRows {
+  int64_t q_begin;
+  int64_t rows;
+  const ColumnRange* keys;
+  int64_t j0;
+  int64_t cols;
+
+  KeyTileRow row(int64_t r) const { return {q_begin + r, keys[r], j0, cols}; }
+};
+
+/// Adds the ALiBi bias to rows [0, rows) of a score tile (rows of kBlockKv floats) in one
+/// pass, so that tiles which need no masking otherwise skip MaskScoreRow. Lanes outside a
+/// row's keys get a bias too; MaskScoreRow overwrites them when the tile needs masking.
+HWY_INLINE void AlibiTile(const HeadMasking& m, const KeyTileRows& tile,
+                          float* HWY_RESTRICT scores) {
+  const AlibiRow first = alibi_row(m.mask, m.h, tile.q_begin, m.q_len, m.kv_len);
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    AddAlibiRow(scores + r * kBlockKv, first.slope, tile.j0 - (first.center + r));
   }
 }
 
-/// Adds the additive terms (dense float mask over [lo, hi), ALiBi unless `alibi_done`) to
-/// score row s of query row i of (b, h) over key tile [j0, j0 + kBlockKv).
-HWY_INLINE void AddScoreTerms(const AttentionParams& p, const DenseMaskRows& dense, int64_t h,
-                              int64_t i, int64_t j0, int64_t lo, int64_t hi, float* HWY_RESTRICT s,
+/// Adds the additive terms (dense float mask over the row's kept lanes, ALiBi unless
+/// `alibi_done`) to score row s of `row`.
+HWY_INLINE void AddScoreTerms(const HeadMasking& m, const KeyTileRow& row, float* HWY_RESTRICT s,
                               bool alibi_done = false) {
-  if (dense.additive()) dense.apply(i, j0 + lo, hi - lo, s + lo);
-  const AlibiRow alibi = alibi_row(p.mask, h, i, p.q_len, p.kv_len);
+  const int64_t lo = row.lo(), hi = row.hi();
+  if (m.dense.additive()) m.dense.apply(row.i, row.j0 + lo, hi - lo, s + lo);
+  const AlibiRow alibi = alibi_row(m.mask, m.h, row.i, m.q_len, m.kv_len);
   // Lanes outside [lo, hi) are masked afterwards.
-  if (alibi.active && !alibi_done) AddAlibiRow(s, alibi.slope, j0 - alibi.center);
+  if (alibi.active && !alibi_done) AddAlibiRow(s, alibi.slope, row.j0 - alibi.center);
 }
 
 /// The parts of MaskScoreRow a caller already did for the whole tile.
@@ -70,84 +92,81 @@ struct TileMaskDone {
   bool alibi = false;      // the ALiBi bias (AlibiTile)
 };
 
-/// Masks score row s[0, kBlockKv) = columns [j0, j0 + kBlockKv) of query row i of
-/// (b, h), in this order: additive terms (dense float mask, ALiBi), flex score_mod, masks.
-/// Keys outside row_columns (band, document, padding) or past kv_len become -inf by
-/// filling the row's ends (never per element); the dense bool mask and the BlockMask's
-/// partial blocks (mask_mod over SIMD lanes) then mask within; full blocks skip mask_mod.
-/// `keep` is row_columns() of row i, or FlexRowSupport's narrowing of it; `mod_input`, when
-/// non-null, receives the row as score_mod sees it (for the backward).
-HWY_INLINE void MaskScoreRow(const AttentionParams& p, const DenseMaskRows& dense,
-                             flex::RowState* flex_state, int64_t b, int64_t h, int64_t i,
-                             const ColumnRange& keep, int64_t j0, int64_t cols,
-                             float* HWY_RESTRICT s, float* HWY_RESTRICT mod_input = nullptr,
-                             TileMaskDone done = {}) {
-  const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
-  const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
+/// Masks score row s[0, kBlockKv) = columns [j0, j0 + kBlockKv) of `row`, in this order:
+/// additive terms (dense float mask, ALiBi), flex score_mod, masks. Keys outside row.keep
+/// (band, document, padding) or past kv_len become -inf by filling the row's ends (never
+/// per element); the dense bool mask and the BlockMask's partial blocks (mask_mod over
+/// SIMD lanes) then mask within; full blocks skip mask_mod. row.keep is row_columns() of
+/// the row, or FlexRowSupport's narrowing of it; `mod_input`, when non-null, receives the
+/// row as score_mod sees it (for the backward).
+HWY_INLINE void MaskScoreRow(const HeadMasking& m, const KeyTileRow& row, float* HWY_RESTRICT s,
+                             float* HWY_RESTRICT mod_input = nullptr, TileMaskDone done = {}) {
+  const int64_t lo = row.lo(), hi = row.hi();
+  const flex::HWY_NAMESPACE::EvalSite site{m.b, m.h, row.i, 1, row.j0};
+  flex::RowState* flex_state = m.flex;
   if (!done.score_mod) {
-    AddScoreTerms(p, dense, h, i, j0, lo, hi, s, done.alibi);
+    AddScoreTerms(m, row, s, done.alibi);
     if (mod_input) std::copy(s, s + kBlockKv, mod_input);
     if (flex_state && flex_state->score_mod && hi > lo) {
-      flex::HWY_NAMESPACE::ApplyScoreMod(*flex_state->score_mod, s, b, h, i, j0, lo, hi);
+      flex::HWY_NAMESPACE::ApplyScoreMod(*flex_state->score_mod, site, s, lo, hi);
     }
   }
   std::fill(s, s + lo, kNegInf);
   std::fill(s + hi, s + kBlockKv, kNegInf);
-  if (dense.keep_mask()) dense.apply(i, j0 + lo, hi - lo, s + lo);
+  if (m.dense.keep_mask()) m.dense.apply(row.i, row.j0 + lo, hi - lo, s + lo);
   if (flex_state && flex_state->blocks.active() && !done.blocks) {
     const int64_t bs = flex_state->blocks.kv_block_size();
     for (int64_t j = lo; j < hi;) {  // one segment per BlockMask block
-      const int64_t kb = (j0 + j) / bs;
-      const int64_t end = std::min(hi, (kb + 1) * bs - j0);
-      const flex::BlockState st = flex_state->blocks.state(b, h, i, kb);
+      const int64_t kb = (row.j0 + j) / bs;
+      const int64_t end = std::min(hi, (kb + 1) * bs - row.j0);
+      const flex::BlockState st = flex_state->blocks.state(m.b, m.h, row.i, kb);
       if (st == flex::BlockState::kEmpty) {
         std::fill(s + j, s + end, kNegInf);
       } else if (st == flex::BlockState::kPartial && flex_state->mask_mod) {
-        flex::HWY_NAMESPACE::ApplyMaskMod(*flex_state->mask_mod, s, b, h, i, j0, j, end);
+        flex::HWY_NAMESPACE::ApplyMaskMod(*flex_state->mask_mod, site, s, j, end);
       }
       j = end;
     }
   }
 }
 
-/// MaskScoreRow's additive terms and score_mod for the rows of a tile at once (rows
-/// q_begin + r, r < rows, with keys keys[r]; scores rows of kBlockKv floats): the
-/// score_mod runs one evaluation per chunk of rows instead of one per row. `alibi_done`:
-/// AlibiTile already added the ALiBi bias.
-HWY_INLINE void ScoreModTile(const AttentionParams& p, const DenseMaskRows& dense,
-                             flex::RowState& flex_state, int64_t b, int64_t h, int64_t q_begin,
-                             int64_t rows, const ColumnRange* keys, int64_t j0, int64_t cols,
+/// MaskScoreRow's additive terms and score_mod for the rows of a tile at once (scores rows
+/// of kBlockKv floats): the score_mod runs one evaluation per chunk of rows instead of one
+/// per row. `alibi_done`: AlibiTile already added the ALiBi bias. m.flex has a score_mod.
+HWY_INLINE void ScoreModTile(const HeadMasking& m, const KeyTileRows& tile,
                              float* HWY_RESTRICT scores, bool alibi_done) {
   int64_t lo[kBlockQ], hi[kBlockQ];
-  for (int64_t r = 0; r < rows; ++r) {
-    lo[r] = std::clamp<int64_t>(keys[r].begin - j0, 0, cols);
-    hi[r] = std::clamp<int64_t>(keys[r].end - j0, lo[r], cols);
-    AddScoreTerms(p, dense, h, q_begin + r, j0, lo[r], hi[r], scores + r * kBlockKv, alibi_done);
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    const KeyTileRow row = tile.row(r);
+    lo[r] = row.lo();
+    hi[r] = row.hi();
+    AddScoreTerms(m, row, scores + r * kBlockKv, alibi_done);
   }
-  flex::HWY_NAMESPACE::ApplyScoreModRows(*flex_state.score_mod, scores, kBlockKv, b, h, q_begin,
-                                         rows, j0, lo, hi);
+  flex::HWY_NAMESPACE::ApplyScoreModRows(
+      *m.flex->score_mod, {m.b, m.h, tile.q_begin, tile.rows, tile.j0},
+      flex::HWY_NAMESPACE::ScoreLanes<float>{scores, kBlockKv, lo, hi});
 }
 
-/// Narrows `keep` (row i's keys, absolute columns) to the hull of the keys the BlockMask
-/// keeps in key tile [j0, j0 + cols): empty blocks drop out, full blocks (and partial ones
-/// without a mask_mod) count whole, partial blocks count mask_mod's kept lanes. Returns
-/// whether every key of the hull is kept, so that the kernel computes and masks only the
-/// row's support, as for a native band (causal, window and document masks give intervals).
-HWY_INLINE bool FlexRowSupport(flex::RowState& flex_state, int64_t b, int64_t h, int64_t i,
-                               int64_t j0, int64_t cols, ColumnRange& keep) {
-  const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
-  const int64_t hi = std::clamp<int64_t>(keep.end - j0, lo, cols);
+/// Narrows row.keep to the hull of the keys the BlockMask (m.flex's, active) keeps in the
+/// row's key tile: empty blocks drop out, full blocks (and partial ones without a
+/// mask_mod) count whole, partial blocks count mask_mod's kept lanes. Returns whether every
+/// key of the hull is kept, so that the kernel computes and masks only the row's support,
+/// as for a native band (causal, window and document masks give intervals).
+HWY_INLINE bool FlexRowSupport(const HeadMasking& m, KeyTileRow& row) {
+  const int64_t lo = row.lo(), hi = row.hi(), j0 = row.j0;
+  flex::RowState& flex_state = *m.flex;
   const int64_t bs = flex_state.blocks.kv_block_size();
+  const flex::HWY_NAMESPACE::EvalSite site{m.b, m.h, row.i, 1, j0};
   int64_t first = hi, last = -1, count = 0;
   for (int64_t j = lo; j < hi;) {  // one segment per BlockMask block
     const int64_t kb = (j0 + j) / bs;
     const int64_t end = std::min(hi, (kb + 1) * bs - j0);
-    const flex::BlockState st = flex_state.blocks.state(b, h, i, kb);
+    const flex::BlockState st = flex_state.blocks.state(m.b, m.h, row.i, kb);
     flex::HWY_NAMESPACE::KeptLanes kept{j, end - 1, end - j};
     if (st == flex::BlockState::kEmpty) {
       kept = {};
     } else if (st == flex::BlockState::kPartial && flex_state.mask_mod) {
-      kept = flex::HWY_NAMESPACE::CountKeptLanes(*flex_state.mask_mod, b, h, i, j0, j, end);
+      kept = flex::HWY_NAMESPACE::CountKeptLanes(*flex_state.mask_mod, site, j, end);
     }
     if (kept.count > 0) {
       first = std::min(first, kept.first);
@@ -156,7 +175,7 @@ HWY_INLINE bool FlexRowSupport(flex::RowState& flex_state, int64_t b, int64_t h,
     }
     j = end;
   }
-  keep = count > 0 ? ColumnRange{j0 + first, j0 + last + 1} : ColumnRange{j0, j0};
+  row.keep = count > 0 ? ColumnRange{j0 + first, j0 + last + 1} : ColumnRange{j0, j0};
   return count == 0 || count == last - first + 1;
 }
 
@@ -176,15 +195,16 @@ HWY_INLINE bool TileNeedsMask(const AttentionParams& p, const flex::RowState* fl
   return false;
 }
 
-/// The key tiles [first, end) (multiples of kBlockKv from first) that any of query rows
-/// [row_begin, row_end) of (b, h) can see (band, documents, padding, BlockMask).
+/// The key tiles [first, end) (multiples of kBlockKv from first) that any of the rows of
+/// `q` can see (band, documents, padding, BlockMask).
 struct KvTileRange {
   int64_t first = 0;
   int64_t end = 0;
 };
 HWY_INLINE KvTileRange VisibleKvTiles(const AttentionParams& p, flex::RowState* flex_state,
-                                      int64_t b, int64_t h, int64_t row_begin, int64_t row_end) {
-  ColumnRange span = block_columns(p.mask, b, row_begin, row_end, p.q_len, p.kv_len);
+                                      const QueryTile& q) {
+  const int64_t b = q.b, h = q.h, row_begin = q.q_begin, row_end = q.q_begin + q.rows;
+  ColumnRange span = block_columns(p, b, row_begin, row_end);
   if (flex_state && flex_state->blocks.active()) {
     const auto [lo, hi] = flex_state->blocks.columns(b, h, row_begin, row_end);
     span = {std::max(span.begin, lo), std::min(span.end, hi)};

@@ -223,8 +223,8 @@ HWY_INLINE V FastTanh(D d, V x) {
 /// its reciprocal (<= 1.5 ulp from the rounded quotient, as GPU compilers' default float
 /// division; a vector division per lane cost a soft-cap score_mod half its time), except
 /// when the reciprocal is not a normal float (0, inf, NaN or subnormal divisors).
-HWY_INLINE void Divide(RowBuffers& buf, int32_t id, const View<float>& x, const View<float>& y,
-                       float* HWY_RESTRICT out, const Pass& p) {
+HWY_INLINE void Divide(const View<float>& x, const View<float>& y, float* HWY_RESTRICT out,
+                       const Pass& p, std::pair<float, float>& reciprocal) {
   if (y.lanes) {
     MapFloat2(x, y, out, p, [](auto, auto a, auto b) { return hn::Div(a, b); });
     return;
@@ -233,7 +233,7 @@ HWY_INLINE void Divide(RowBuffers& buf, int32_t id, const View<float>& x, const 
     const float divisor = y.base[r * y.row_stride];
     // The divisor rarely changes between score rows (a constant, a per-head value): reuse
     // its reciprocal instead of a scalar division on every row's critical path.
-    auto& [last_divisor, last_reciprocal] = buf.reciprocal[id];
+    auto& [last_divisor, last_reciprocal] = reciprocal;
     if (!(divisor == last_divisor)) {
       last_divisor = divisor;
       last_reciprocal = 1.0f / divisor;
@@ -295,12 +295,17 @@ HWY_INLINE std::pair<int64_t, int64_t> Position(const RowBuffers& buf, const Pas
   return {buf.chunk_q0, buf.chunk_kv0};
 }
 
+// A gather of one row's lanes: lane j reads element offsets[j] of `data` where ok[j].
+struct LaneGather {
+  const void* data;
+  const int64_t* HWY_RESTRICT offsets;
+  const uint8_t* HWY_RESTRICT ok;
+};
+
 template <typename E, typename R>
-HWY_INLINE void LoadLanes(const void* data, const int64_t* HWY_RESTRICT offsets,
-                          const uint8_t* HWY_RESTRICT ok, R* HWY_RESTRICT out, int64_t lo,
-                          int64_t hi) {
-  const E* HWY_RESTRICT base = static_cast<const E*>(data);
-  for (int64_t j = lo; j < hi; ++j) out[j] = ok[j] ? static_cast<R>(base[offsets[j]]) : R(0);
+HWY_INLINE void LoadLanes(const LaneGather& g, R* HWY_RESTRICT out, int64_t lo, int64_t hi) {
+  const E* HWY_RESTRICT base = static_cast<const E*>(g.data);
+  for (int64_t j = lo; j < hi; ++j) out[j] = g.ok[j] ? static_cast<R>(base[g.offsets[j]]) : R(0);
 }
 
 /// Captured-tensor read: bounds-checks every index lane, then loads with the dtype switch
@@ -339,21 +344,22 @@ HWY_INLINE void Read(RowBuffers& buf, const Instr& in, R* out, const Pass& p) {
     }
     R* o = out + r * p.out_stride;
     const void* data = t.data_ptr();
+    const LaneGather gather{data, offsets, ok};
     switch (t.dtype()) {
       case DType::kFloat32:
-        LoadLanes<float>(data, offsets, ok, o, lo, hi);
+        LoadLanes<float>(gather, o, lo, hi);
         break;
       case DType::kFloat64:
-        LoadLanes<double>(data, offsets, ok, o, lo, hi);
+        LoadLanes<double>(gather, o, lo, hi);
         break;
       case DType::kInt32:
-        LoadLanes<int32_t>(data, offsets, ok, o, lo, hi);
+        LoadLanes<int32_t>(gather, o, lo, hi);
         break;
       case DType::kInt64:
-        LoadLanes<int64_t>(data, offsets, ok, o, lo, hi);
+        LoadLanes<int64_t>(gather, o, lo, hi);
         break;
       case DType::kBool:
-        LoadLanes<bool>(data, offsets, ok, o, lo, hi);
+        LoadLanes<bool>(gather, o, lo, hi);
         break;
       case DType::kBFloat16:
       case DType::kFloat16:
@@ -460,7 +466,7 @@ HWY_INLINE void EvalInstr(RowBuffers& buf, int32_t k, const Pass& p, float* out 
       SDPA_FLEX_BINARY(Op::kMax, a > b ? a : b)
 #undef SDPA_FLEX_BINARY
     case Op::kDiv:
-      Divide(buf, k, Arg<float>(buf, in, 0, p), Arg<float>(buf, in, 1, p), fo, p);
+      Divide(Arg<float>(buf, in, 0, p), Arg<float>(buf, in, 1, p), fo, p, buf.reciprocal[k]);
       break;
     case Op::kMod:
       IntDivide<true>(buf, Arg<int64_t>(buf, in, 0, p), Arg<int64_t>(buf, in, 1, p), io, p);

@@ -28,6 +28,23 @@ namespace sdpa::flex {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+/// Where an evaluation runs: query rows [q_first, q_first + rows) of (batch b, head h)
+/// over the key tile that starts at key kv0.
+struct EvalSite {
+  int64_t b, h, q_first, rows, kv0;
+};
+
+/// Score rows s + r * stride, r < rows, and the lanes [lo[r], hi[r]) of each that count.
+template <class T>
+struct ScoreLanes {
+  T* s;
+  int64_t stride;
+  const int64_t* lo;
+  const int64_t* hi;
+
+  ScoreLanes from(int64_t r) const { return {s + r * stride, stride, lo + r, hi + r}; }
+};
+
 /// The pass evaluating every instruction of shape `s` in a chunk.
 HWY_INLINE Pass ChunkPass(const RowBuffers& buf, Shape s) {
   switch (s) {
@@ -102,8 +119,10 @@ HWY_INLINE bool RowHasBad(const RowBuffers& buf, int64_t row, int64_t lo, int64_
 /// values are stored from row 0 of the score-shaped buffers. Throws for a consumed failed
 /// element.
 inline HWY_NOINLINE void EvaluateScoreRows(RowBuffers& buf, int64_t row, int64_t rows,
-                                           const float* scores, int64_t score_stride,
-                                           const int64_t* lo, const int64_t* hi) {
+                                           const ScoreLanes<const float>& lanes) {
+  const float* scores = lanes.s;
+  const int64_t score_stride = lanes.stride;
+  const int64_t *lo = lanes.lo, *hi = lanes.hi;
   for (int64_t r = 0; r < rows; ++r) {
     if (RowHasBad(buf, row + r, lo[r], hi[r])) {
       ReportBadRow(buf, scores + r * score_stride, row + r, lo[r], hi[r]);
@@ -126,8 +145,10 @@ HWY_INLINE bool ResultInPlace(const RowBuffers& buf) {
 /// overwritten too): every instruction before the result has read the scores by then,
 /// and the result's element-wise operation reads each lane before writing it.
 inline HWY_NOINLINE void ScoreModInPlace(RowBuffers& buf, int64_t row, int64_t rows,
-                                         float* scores, int64_t score_stride,
-                                         const int64_t* lo, const int64_t* hi) {
+                                         const ScoreLanes<float>& lanes) {
+  float* scores = lanes.s;
+  const int64_t score_stride = lanes.stride;
+  const int64_t *lo = lanes.lo, *hi = lanes.hi;
   for (int64_t r = 0; r < rows; ++r) {
     if (RowHasBad(buf, row + r, lo[r], hi[r])) {
       ReportBadRow(buf, scores + r * score_stride, row + r, lo[r], hi[r]);
@@ -144,15 +165,15 @@ inline HWY_NOINLINE void ScoreModInPlace(RowBuffers& buf, int64_t row, int64_t r
 /// One score row of EvaluateScoreRows.
 HWY_INLINE void EvaluateScoreRow(RowBuffers& buf, int64_t row, const float* scores, int64_t lo,
                                  int64_t hi) {
-  EvaluateScoreRows(buf, row, 1, scores, 0, &lo, &hi);
+  EvaluateScoreRows(buf, row, 1, ScoreLanes<const float>{scores, 0, &lo, &hi});
 }
 
-/// Evaluates the program for query q_idx of (b, h) and keys kv0 + j, j < n, with score =
-/// scores[j] (kv0 the start of a key tile; `scores` the tile row). Returns the result
+/// Evaluates the program for query site.q_first of (b, h) and keys kv0 + j, j < n, with
+/// score = scores[j] (kv0 the start of a key tile; `scores` the tile row). Returns the result
 /// instruction; MaterializeLanes then gives an instruction's lanes.
-inline int32_t EvaluateRow(RowBuffers& buf, const float* scores, int64_t b, int64_t h,
-                           int64_t q_idx, int64_t kv0, int64_t n) {
-  const int64_t row = PrepareChunk(buf, b, h, q_idx, kv0);
+inline int32_t EvaluateRow(RowBuffers& buf, const EvalSite& site, const float* scores,
+                           int64_t n) {
+  const int64_t row = PrepareChunk(buf, site.b, site.h, site.q_first, site.kv0);
   EvaluateScoreRow(buf, row, scores, 0, n);
   buf.last_row = row;
   buf.last_scores = scores;
@@ -169,18 +190,19 @@ inline void MaterializeLanes(RowBuffers& buf, int32_t id) {
   }
 }
 
-/// Replaces s[r * s_stride + j] by score_mod of it for rows r < rows, query q_first + r of
-/// (b, h), and lanes j in [lo[r], hi[r]) of the key tile starting at kv0: one evaluation
-/// per chunk of rows, so the program's dispatch is paid per chunk rather than per row.
-HWY_INLINE void ApplyScoreModRows(RowBuffers& buf, float* s, int64_t s_stride, int64_t b, int64_t h,
-                                  int64_t q_first, int64_t rows, int64_t kv0, const int64_t* lo,
-                                  const int64_t* hi) {
-  for (int64_t r0 = 0; r0 < rows;) {
-    const int64_t row = PrepareChunk(buf, b, h, q_first + r0, kv0);
-    const int64_t n = std::min(rows - r0, RowBuffers::kChunkRows - row);
-    float* sc = s + r0 * s_stride;
-    const int64_t* l = lo + r0;
-    const int64_t* u = hi + r0;
+/// Replaces lanes.s[r * stride + j] by score_mod of it for the site's rows r (query
+/// q_first + r) and lanes j in [lo[r], hi[r]): one evaluation per chunk of rows, so the
+/// program's dispatch is paid per chunk rather than per row.
+HWY_INLINE void ApplyScoreModRows(RowBuffers& buf, const EvalSite& site,
+                                  const ScoreLanes<float>& lanes) {
+  const int64_t s_stride = lanes.stride;
+  for (int64_t r0 = 0; r0 < site.rows;) {
+    const int64_t row = PrepareChunk(buf, site.b, site.h, site.q_first + r0, site.kv0);
+    const int64_t n = std::min(site.rows - r0, RowBuffers::kChunkRows - row);
+    const ScoreLanes<float> chunk = lanes.from(r0);
+    float* sc = chunk.s;
+    const int64_t* l = chunk.lo;
+    const int64_t* u = chunk.hi;
     const Pass pass{Shape::kScore, n, 0, 0, buf.lanes, row, sc, s_stride, l, u};
     if (buf.bias >= 0) {  // score +/- X: no score instruction runs
       for (int64_t r = 0; r < n; ++r) {
@@ -198,9 +220,9 @@ HWY_INLINE void ApplyScoreModRows(RowBuffers& buf, float* s, int64_t s_stride, i
         });
       }
     } else if (ResultInPlace(buf)) {  // saves a copy pass over the tile
-      ScoreModInPlace(buf, row, n, sc, s_stride, l, u);
+      ScoreModInPlace(buf, row, n, chunk);
     } else {
-      EvaluateScoreRows(buf, row, n, sc, s_stride, l, u);
+      EvaluateScoreRows(buf, row, n, ScoreLanes<const float>{sc, s_stride, l, u});
       const View<float> result = ViewOf<float>(buf, buf.program->result, pass);
       if (result.base != sc) {  // else score_mod(score) = score
         for (int64_t r = 0; r < n; ++r) {
@@ -214,11 +236,11 @@ HWY_INLINE void ApplyScoreModRows(RowBuffers& buf, float* s, int64_t s_stride, i
   }
 }
 
-/// Replaces s[j] by score_mod(s[j]) for j in [lo, hi), where s is the score row of query
-/// q_idx of (b, h) over the key tile starting at kv0.
-HWY_INLINE void ApplyScoreMod(RowBuffers& buf, float* s, int64_t b, int64_t h, int64_t q_idx,
-                              int64_t kv0, int64_t lo, int64_t hi) {
-  ApplyScoreModRows(buf, s, 0, b, h, q_idx, 1, kv0, &lo, &hi);
+/// Replaces s[j] by score_mod(s[j]) for j in [lo, hi), where s is the score row of the
+/// site's query over its key tile.
+HWY_INLINE void ApplyScoreMod(RowBuffers& buf, const EvalSite& site, float* s, int64_t lo,
+                              int64_t hi) {
+  ApplyScoreModRows(buf, site, ScoreLanes<float>{s, 0, &lo, &hi});
 }
 
 /// Which lanes of [lo, hi) a mask_mod keeps: the first and last kept lane and how many are
@@ -227,13 +249,13 @@ struct KeptLanes {
   int64_t first = 0, last = -1, count = 0;
 };
 
-/// Kept lanes of mask_mod (a program that does not read score) for query q_idx of (b, h)
-/// over lanes [lo, hi) of the key tile starting at kv0. Throws, as ApplyMaskMod, for a
-/// failed element of [lo, hi).
-HWY_INLINE KeptLanes CountKeptLanes(RowBuffers& buf, int64_t b, int64_t h, int64_t q_idx,
-                                    int64_t kv0, int64_t lo, int64_t hi) {
+/// Kept lanes of mask_mod (a program that does not read score) for the site's query over
+/// lanes [lo, hi) of its key tile. Throws, as ApplyMaskMod, for a failed element of
+/// [lo, hi).
+HWY_INLINE KeptLanes CountKeptLanes(RowBuffers& buf, const EvalSite& site, int64_t lo,
+                                    int64_t hi) {
   SDPA_CHECK(buf.score_code.empty(), "flex: internal error: a mask_mod reads score");
-  const int64_t row = PrepareChunk(buf, b, h, q_idx, kv0);
+  const int64_t row = PrepareChunk(buf, site.b, site.h, site.q_first, site.kv0);
   if (RowHasBad(buf, row, lo, hi)) ReportBadRow(buf, nullptr, row, lo, hi);
   const View<int64_t> keep = ViewOf<int64_t>(
       buf, buf.program->result, Pass{Shape::kScore, 1, lo, hi, buf.lanes, row, nullptr});
@@ -260,9 +282,9 @@ HWY_INLINE KeptLanes CountKeptLanes(RowBuffers& buf, int64_t b, int64_t h, int64
 }
 
 /// Sets s[j] = -inf for j in [lo, hi) where mask_mod is false (s as in ApplyScoreMod).
-HWY_INLINE void ApplyMaskMod(RowBuffers& buf, float* HWY_RESTRICT s, int64_t b, int64_t h,
-                             int64_t q_idx, int64_t kv0, int64_t lo, int64_t hi) {
-  const int64_t row = PrepareChunk(buf, b, h, q_idx, kv0);
+HWY_INLINE void ApplyMaskMod(RowBuffers& buf, const EvalSite& site, float* HWY_RESTRICT s,
+                             int64_t lo, int64_t hi) {
+  const int64_t row = PrepareChunk(buf, site.b, site.h, site.q_first, site.kv0);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   if (buf.score_code.empty()) {
     if (RowHasBad(buf, row, lo, hi)) ReportBadRow(buf, s, row, lo, hi);
