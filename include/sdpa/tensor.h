@@ -76,8 +76,9 @@ class Tensor {
   static Tensor full(const Shape& shape, double value, DType dtype);
   /// Wraps external memory without copying. Strides are in elements; `owner` keeps the
   /// memory alive (may be null when the caller guarantees the lifetime). Throws
-  /// sdpa::Error when sizes are negative or the extent overflows int64.
-  static Tensor from_blob(void* data, const Shape& shape, const Shape& strides, DType dtype,
+  /// sdpa::Error when sizes are negative or the extent overflows int64. Shapes are taken
+  /// by value, so callers that build them (DLPack imports) move them in without a copy.
+  static Tensor from_blob(void* data, Shape shape, Shape strides, DType dtype,
                           Device device = {}, std::shared_ptr<void> owner = nullptr);
 
   bool defined() const { return storage_ != nullptr; }
