@@ -104,7 +104,12 @@ Tensor Tensor::from_blob(void* data, Shape shape, Shape strides, DType dtype, De
   checked_numel(shape);
   checked_extent(shape, strides, dtype);
   Tensor t;
-  t.storage_ = Storage::wrap(data, 0, device, [owner = std::move(owner)] {});
+  // Without an owner, no release function: std::function would heap-allocate even a
+  // capture of an empty shared_ptr, once per imported tensor. (An owner may hold a null
+  // pointer with a deleter: what counts is its control block.)
+  std::function<void()> release;
+  if (owner.use_count() > 0) release = [owner = std::move(owner)] {};
+  t.storage_ = Storage::wrap(data, 0, device, std::move(release));
   t.sizes_ = std::move(shape);
   t.strides_ = std::move(strides);
   t.dtype_ = dtype;
