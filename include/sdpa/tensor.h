@@ -26,7 +26,8 @@ class Storage {
  public:
   /// Allocates `nbytes` on the CPU, 64-byte aligned. Throws sdpa::Error when out of memory.
   static std::shared_ptr<Storage> allocate(size_t nbytes);
-  /// Wraps memory owned elsewhere; `release` runs when the last reference goes.
+  /// Wraps memory owned elsewhere; `release` (may be empty) runs when the last reference
+  /// goes.
   static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, Device device,
                                        std::function<void()> release);
   ~Storage();
@@ -38,7 +39,16 @@ class Storage {
   Device device() const { return device_; }
 
  private:
-  Storage() = default;
+  // Only allocate() and wrap() construct; the key lets them use std::make_shared (one
+  // allocation for the Storage and its reference count).
+  struct Key {
+    explicit Key() = default;
+  };
+
+ public:
+  explicit Storage(Key) {}
+
+ private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_{};
@@ -76,8 +86,9 @@ class Tensor {
   static Tensor full(const Shape& shape, double value, DType dtype);
   /// Wraps external memory without copying. Strides are in elements; `owner` keeps the
   /// memory alive (may be null when the caller guarantees the lifetime). Throws
-  /// sdpa::Error when sizes are negative or the extent overflows int64.
-  static Tensor from_blob(void* data, const Shape& shape, const Shape& strides, DType dtype,
+  /// sdpa::Error when sizes are negative or the extent overflows int64. Shapes are taken
+  /// by value, so callers that build them (DLPack imports) move them in without a copy.
+  static Tensor from_blob(void* data, Shape shape, Shape strides, DType dtype,
                           Device device = {}, std::shared_ptr<void> owner = nullptr);
 
   bool defined() const { return storage_ != nullptr; }

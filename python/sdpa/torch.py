@@ -9,7 +9,10 @@ under ``torch.compile(fullgraph=True)`` as single opaque nodes::
     out.sum().backward()
 
 ``sdpa.scaled_dot_product_attention`` routes torch tensors here by itself. Eager calls
-with nothing to differentiate or trace skip the op (``_runs_eagerly``).
+that nothing records skip the op (``_route``): without gradients the kernel runs directly,
+in one call into sdpa._C (``torch_eager_attention``); with them through
+``_EagerAttention``. Tensors cross into the library through torch's C-level DLPack
+functions, called from C++ (python/src/torch.cpp).
 
 Biases: built-in ``sdpa.attention.bias`` objects (and torch's CausalBias) travel to the op
 as a JSON string and run natively; others (Python subclasses, compositions with a tensor)
@@ -26,9 +29,9 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 from torch.utils import _python_dispatch
-from torch.utils import dlpack as _dlpack
 
 from . import _C
+from ._api import AttentionOutput
 from .attention import bias as _bias
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_with_lse"]
@@ -47,29 +50,26 @@ def _unsigned(s: int) -> int:
     return s + _U64 if s < 0 else s
 
 
-def _capsule(t: Tensor) -> Any:
-    """A DLPack capsule of `t` (read only by sdpa) through torch's C-level export:
-    Tensor.__dlpack__'s Python checks cost about 2 us a tensor, a tiny call's whole kernel
-    time."""
-    return _dlpack.to_dlpack(t.detach() if t.requires_grad else t)
-
-
-def _from_sdpa(t: "_C.Tensor") -> Tensor:
-    return _dlpack.from_dlpack(t.__dlpack__())
+# torch's functions for the bindings (python/src/torch.cpp), which export, import and
+# check tensors without Python in between: Tensor.__dlpack__'s Python checks cost about
+# 2 us a tensor, a tiny call's whole kernel time, and each Python-level step of a call
+# costs tenths of a microsecond. A torch without one of the queries cannot tell what
+# records a call: every call then takes the op.
+_C.register_torch(Tensor, torch._C._to_dlpack, torch._C._from_dlpack,
+                  getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None),
+                  getattr(_python_dispatch, "is_in_torch_dispatch_mode", None),
+                  getattr(torch._C, "_is_torch_function_mode_enabled", None),
+                  torch.is_grad_enabled)
 
 
 def _run(query, key, value, attn_mask, bias, dropout_p, is_causal, scale, enable_gqa,
          dropout_seed, dropout_offset):
     """The op's work on real tensors: (out, lse, backend, (seed, offset) unsigned)."""
-    if attn_mask is not None:
-        mask = _capsule(attn_mask)
-    else:
-        mask = _bias.from_spec(bias) if bias else None
+    if attn_mask is None and bias:
+        attn_mask = _bias.from_spec(bias)
     state = None if dropout_offset < 0 else (_unsigned(dropout_seed), dropout_offset)
-    out, lse, backend, drawn = _C.attention(
-        _capsule(query), _capsule(key), _capsule(value), mask, dropout_p, is_causal, scale,
-        enable_gqa, None, state)
-    return _from_sdpa(out), _from_sdpa(lse), backend, tuple(drawn)
+    return _C.torch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                              enable_gqa, None, state, True)
 
 
 @torch.library.custom_op("sdpa::attention", mutates_args=())
@@ -115,16 +115,11 @@ def _run_backward(grad_out, query, key, value, out, lse, attn_mask, bias, dropou
                   is_causal, scale, enable_gqa, state, attn_mask_requires_grad):
     """The backward's work on real tensors: (grad_q, grad_k, grad_v, grad_attn_mask or
     None); `state` is the forward's (seed, offset) unsigned, or None without dropout."""
-    if attn_mask is not None:
-        mask = _capsule(attn_mask)
-    else:
-        mask = _bias.from_spec(bias) if bias else None
-    gq, gk, gv, gm, _ = _C.attention_backward(
-        _capsule(grad_out), _capsule(query), _capsule(key), _capsule(value), _capsule(out),
-        _capsule(lse), mask, dropout_p, is_causal, scale, enable_gqa, state,
-        attn_mask_requires_grad)
-    return (_from_sdpa(gq), _from_sdpa(gk), _from_sdpa(gv),
-            _from_sdpa(gm) if gm is not None else None)
+    if attn_mask is None and bias:
+        attn_mask = _bias.from_spec(bias)
+    return _C.torch_attention_backward(grad_out, query, key, value, out, lse, attn_mask,
+                                       dropout_p, is_causal, scale, enable_gqa, state,
+                                       attn_mask_requires_grad)
 
 
 @_attention_backward.register_fake
@@ -159,7 +154,7 @@ _attention.register_autograd(_backward, setup_context=_setup_context)
 
 class _EagerAttention(torch.autograd.Function):
     """The sdpa::attention op's forward and backward as a plain autograd.Function, for
-    eager calls that need gradients and that nothing records (_autograd_eagerly): the same
+    eager calls that need gradients and that nothing records (_route): the same
     kernels and dropout replay without the custom op's dispatch, which cost the MiniLM
     layer shape [5, 12, 27, 32] about 400 us per forward + backward. `info` (a list)
     receives (backend, (seed, offset))."""
@@ -175,11 +170,24 @@ class _EagerAttention(torch.autograd.Function):
         ctx.options = (bias, dropout_p, is_causal, scale, enable_gqa,
                        drawn if dropout_p > 0 else None)
         ctx.mark_non_differentiable(lse)
+        # The backward ignores grad_lse: skip the zeros autograd would make for it.
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, grad_lse):
+        if torch.is_grad_enabled():
+            # create_graph=True: the kernels' gradients are not differentiable, and
+            # once_differentiable makes a second backward raise instead of going wrong.
+            return _EagerAttention._backward_once(ctx, grad_out, grad_lse)
+        # The engine runs a backward without create_graph in no_grad already: skipping
+        # once_differentiable's own no_grad block saves a MiniLM-layer backward 2-5 us.
+        return _EagerAttention._backward(ctx, grad_out, grad_lse)
+
+    @staticmethod
+    def _backward(ctx, grad_out, grad_lse):
+        if grad_out is None:  # lse is not differentiable: nothing reached this call
+            return (None,) * 12
         query, key, value, attn_mask, out, lse = ctx.saved_tensors
         bias, dropout_p, is_causal, scale, enable_gqa, state = ctx.options
         mask_grad = attn_mask is not None and ctx.needs_input_grad[3]
@@ -187,6 +195,8 @@ class _EagerAttention(torch.autograd.Function):
                                        dropout_p, is_causal, scale, enable_gqa, state,
                                        mask_grad)
         return gq, gk, gv, (gm if mask_grad else None), *(None,) * 8
+
+    _backward_once = staticmethod(torch.autograd.function.once_differentiable(_backward))
 
 
 def _mask_args(attn_mask: Any, query: Tensor,
@@ -214,50 +224,41 @@ def _mask_args(attn_mask: Any, query: Tensor,
     return dense.to(query.device), None
 
 
-# Looked up once: _runs_eagerly runs on every call (getattr on torch modules costs
-# microseconds); a torch without either cannot tell, and every call goes through the op.
-_is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
-_in_dispatch_mode = getattr(_python_dispatch, "is_in_torch_dispatch_mode", None)
+# A call's route (_C.torch_route): through the sdpa::attention op, the kernel directly, or
+# through _EagerAttention. The op's dispatch and autograd wrapper cost 25-60 us a call,
+# more than a short decode step's kernel, so eager calls that nothing records skip it.
+_THROUGH_OP, _DIRECT, _AUTOGRAD = 0, 1, 2
+
+# Tested in Python before any call into sdpa._C: torch.compile's tracer reads it as True
+# (and so keeps the op) and could not trace the extension's functions anyway.
+_compiling = torch.compiler.is_compiling
 
 
-def _records_nothing(*tensors: Optional[Tensor]) -> bool:
-    """Whether a call on these tensors may skip the sdpa::attention op: plain CPU tensors
-    and nothing that records or redirects torch calls (torch.compile, __torch_function__
-    subclasses and modes, dispatch modes such as FakeTensorMode or make_fx's tracer,
-    functorch transforms). The op's dispatch and autograd wrapper cost 25-60 us a call,
-    more than a short decode step's kernel."""
-    if _is_functorch_wrapped is None or _in_dispatch_mode is None:
-        return False
-    if torch.compiler.is_compiling():
-        return False
-    for t in tensors:
-        if t is None:
-            continue
-        if type(t) is not Tensor or not t.is_cpu or _is_functorch_wrapped(t):
-            return False
-    return not _in_dispatch_mode() and not torch.overrides.has_torch_function(tensors)
-
-
-def _needs_grad(*tensors: Optional[Tensor]) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def _route(*tensors: Optional[Tensor]) -> int:
+    """How a call on these tensors (None skipped) runs: _DIRECT when nothing records it
+    (not compiling, no dispatch or __torch_function__ mode, every tensor exactly a CPU
+    torch.Tensor that no functorch transform wraps) and no gradient is needed;
+    _AUTOGRAD when one is; _THROUGH_OP otherwise."""
+    if _compiling():
+        return _THROUGH_OP
+    return _C.torch_route(tensors)
 
 
 def _runs_eagerly(*tensors: Optional[Tensor]) -> bool:
-    """Whether a call runs the kernel directly: it records nothing (_records_nothing) and
-    no tensor needs a gradient."""
-    return _records_nothing(*tensors) and not _needs_grad(*tensors)
+    """Whether a call runs the kernel directly (_route)."""
+    return _route(*tensors) == _DIRECT
 
 
 def _autograd_eagerly(*tensors: Optional[Tensor]) -> bool:
     """Whether a call that needs gradients runs through _EagerAttention instead of the op."""
-    return _records_nothing(*tensors) and _needs_grad(*tensors)
+    return _route(*tensors) == _AUTOGRAD
 
 
 def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, generator,
           dropout_state):
-    """Returns (out, lse, info): the kernel directly (_runs_eagerly), through
-    _EagerAttention (_autograd_eagerly) or else through the op; info is the op's int64
-    [seed, offset, backend] tensor, or (backend, (seed, offset)) without the op."""
+    """Returns (out, lse, info): the kernel directly, through _EagerAttention or else
+    through the op (_route); info is the op's int64 [seed, offset, backend] tensor, or
+    (backend, (seed, offset)) without the op."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor like query, got "
@@ -272,10 +273,11 @@ def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
         seed, offset = _signed(s), o
     args = (query, key, value, mask, spec, float(dropout_p), bool(is_causal),
             None if scale is None else float(scale), bool(enable_gqa), seed, offset)
-    if _runs_eagerly(query, key, value, mask):
+    route = _route(query, key, value, mask)
+    if route == _DIRECT:
         out, lse, backend, drawn = _run(*args)
         return out, lse, (backend, drawn)
-    if _autograd_eagerly(query, key, value, mask):
+    if route == _AUTOGRAD:
         info = []
         out, lse = _EagerAttention.apply(*args, info)
         return out, lse, tuple(info)
@@ -289,6 +291,13 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                                  generator: Optional["_C.Generator"] = None) -> Tensor:
     """torch.nn.functional.scaled_dot_product_attention through the sdpa::attention op
     (differentiable in query, key, value and a float attn_mask)."""
+    if not _compiling():
+        # The common eager call (_route _DIRECT, no bias object) in one C++ call; None
+        # sends any other call down the general path.
+        out = _C.torch_eager_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                       scale, enable_gqa, generator, False)
+        if out is not None:
+            return out
     return _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                  generator, None)[0]
 
@@ -302,8 +311,11 @@ def scaled_dot_product_attention_with_lse(query: Tensor, key: Tensor, value: Ten
                                           dropout_state: Optional[tuple] = None):
     """Returns sdpa.AttentionOutput(out, lse, backend, dropout_state); ``out`` is
     differentiable, ``lse`` is not."""
-    from ._api import AttentionOutput
-
+    if dropout_state is None and not _compiling():
+        result = _C.torch_eager_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                          scale, enable_gqa, generator, True)
+        if result is not None:
+            return AttentionOutput._make(result)
     out, lse, info = _call(query, key, value, attn_mask, dropout_p, is_causal, scale,
                            enable_gqa, generator, dropout_state)
     if isinstance(info, Tensor):  # the op's [seed, offset, backend]
@@ -352,4 +364,3 @@ def _flex_autograd(query: Tensor, key: Tensor, value: Tensor, program, block_mas
     names = [n for n, t in sources.items() if isinstance(t, torch.Tensor)]
     return _FlexFunction.apply((program, block_mask, scale, enable_gqa, names), query, key,
                                value, *(sources[n] for n in names))
-

@@ -23,6 +23,10 @@ Tensor import_array(nb::handle obj, const char* arg);
 /// Wraps a result in a new sdpa._C.Tensor (shares storage).
 nb::object export_tensor(Tensor tensor);
 
+/// Returns a fresh DLPack capsule ("dltensor", the legacy protocol every consumer reads)
+/// sharing `tensor`'s storage; its destructor frees the export unless a consumer took it.
+nb::object legacy_capsule(Tensor tensor);
+
 /// The attn_mask argument: None, an sdpa._C.AttnBias, or an array (a dense mask).
 AttnMask import_mask(nb::handle obj);
 
@@ -33,5 +37,6 @@ void bind_generator(nb::module_& m);
 void bind_attention(nb::module_& m);
 void bind_info(nb::module_& m);
 void bind_flex(nb::module_& m);
+void bind_torch(nb::module_& m);
 
 }  // namespace sdpa::python

@@ -15,4 +15,5 @@ NB_MODULE(_C, m) {
   sdpa::python::bind_attention(m);
   sdpa::python::bind_info(m);
   sdpa::python::bind_flex(m);
+  sdpa::python::bind_torch(m);
 }

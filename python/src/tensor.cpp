@@ -108,9 +108,8 @@ nb::object tensor_dlpack(const Tensor& self, nb::handle stream,
     }
   }
   Tensor exported = (copy && *copy) ? self.clone() : self;
-  DLManagedTensor* legacy = to_dlpack(exported);
   if (max_version && std::get<0>(*max_version) >= static_cast<int>(kDLPackMajor)) {
-    DLManagedTensorVersioned* v = make_versioned(legacy);
+    DLManagedTensorVersioned* v = make_versioned(to_dlpack(exported));
     PyObject* cap = PyCapsule_New(v, kVersionedName, versioned_capsule_destructor);
     if (cap == nullptr) {
       v->deleter(v);
@@ -118,12 +117,7 @@ nb::object tensor_dlpack(const Tensor& self, nb::handle stream,
     }
     return nb::steal(cap);
   }
-  PyObject* cap = PyCapsule_New(legacy, kLegacyName, legacy_capsule_destructor);
-  if (cap == nullptr) {
-    legacy->deleter(legacy);
-    throw nb::python_error();
-  }
-  return nb::steal(cap);
+  return legacy_capsule(std::move(exported));
 }
 
 std::vector<int64_t> to_vector(const Shape& s) { return {s.begin(), s.end()}; }
@@ -178,6 +172,16 @@ Tensor import_array(nb::handle obj, const char* arg) {
 }
 
 nb::object export_tensor(Tensor tensor) { return nb::cast(std::move(tensor)); }
+
+nb::object legacy_capsule(Tensor tensor) {
+  DLManagedTensor* legacy = to_dlpack(tensor);
+  PyObject* cap = PyCapsule_New(legacy, kLegacyName, legacy_capsule_destructor);
+  if (cap == nullptr) {
+    legacy->deleter(legacy);
+    throw nb::python_error();
+  }
+  return nb::steal(cap);
+}
 
 void bind_tensor(nb::module_& m) {
   nb::class_<Tensor>(m, "Tensor",

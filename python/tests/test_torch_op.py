@@ -5,6 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
+import numpy as np  # noqa: E402
 
 import sdpa  # noqa: E402
 import sdpa.torch  # noqa: E402
@@ -379,3 +380,149 @@ def test_tracers_and_modes_still_see_the_op():
         meta = sdpa.scaled_dot_product_attention(
             torch.empty(1, 2, 5, 8), torch.empty(1, 2, 5, 8), torch.empty(1, 2, 5, 8))
     assert meta.device.type == "meta" and meta.shape == (1, 2, 5, 8)
+
+
+# ---- the eager fast path (sdpa._C.torch_eager_attention): odd shapes, strides, GQA and
+# masks against the float64 reference; what it must leave to the general path ------------
+
+def _strided(t, kind):
+    """`t`'s values in a tensor with unusual strides: "bshd" (heads and sequence swapped in
+    memory), "every_other" (a step-2 slice), "broadcast" (batch stride 0, from expand)."""
+    if kind == "bshd":
+        return t.transpose(-3, -2).contiguous().transpose(-3, -2)
+    if kind == "every_other":
+        wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+        wide[..., ::2] = t
+        return wide[..., ::2]
+    if kind == "broadcast":
+        return t[:1].expand(t.shape)
+    return t
+
+
+def _fast_cases():
+    """(name, q, k, v, kwargs): every call here takes the fast path."""
+    gen = torch.Generator().manual_seed(11)
+
+    def rand(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=gen, dtype=dtype)
+
+    bool_mask = torch.rand(7, 11, generator=gen) < 0.6
+    bool_mask[2] = False  # a fully masked row gives zeros
+    return [
+        ("tiny", rand(1, 1, 1, 8), rand(1, 1, 1, 8), rand(1, 1, 1, 8), {}),
+        ("odd_shapes_ev", rand(3, 5, 7, 13), rand(3, 5, 11, 13), rand(3, 5, 11, 5), {}),
+        ("gqa_causal", rand(2, 6, 9, 16), rand(2, 2, 9, 16), rand(2, 2, 9, 16),
+         dict(enable_gqa=True, is_causal=True)),
+        ("bshd_strides", _strided(rand(2, 3, 7, 16), "bshd"), _strided(rand(2, 3, 11, 16), "bshd"),
+         _strided(rand(2, 3, 11, 16), "bshd"), dict(scale=0.37)),
+        ("step_and_broadcast", _strided(rand(2, 3, 7, 8), "every_other"),
+         _strided(rand(2, 3, 11, 8), "broadcast"), _strided(rand(2, 3, 11, 8), "every_other"), {}),
+        ("bool_mask", rand(2, 3, 7, 8), rand(2, 3, 11, 8), rand(2, 3, 11, 8),
+         dict(attn_mask=bool_mask)),
+        ("float_mask_gqa", rand(2, 4, 7, 8), rand(2, 1, 11, 8), rand(2, 1, 11, 8),
+         dict(attn_mask=rand(2, 1, 7, 11), enable_gqa=True)),
+        ("unbatched_causal_l_ne_s", rand(3, 5, 8), rand(3, 9, 8), rand(3, 9, 8),
+         dict(is_causal=True)),
+        ("float64", rand(2, 2, 5, 8, dtype=torch.float64), rand(2, 2, 6, 8, dtype=torch.float64),
+         rand(2, 2, 6, 8, dtype=torch.float64), dict(scale=0.5)),
+        # Python numbers as torch's function takes them: ints, numpy scalars.
+        ("loose_numbers", rand(1, 2, 3, 8), rand(1, 2, 3, 8), rand(1, 2, 3, 8),
+         dict(dropout_p=0, is_causal=1, scale=np.float64(0.25), enable_gqa=0)),
+    ]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in _fast_cases()])
+def test_eager_fast_path_matches_float64_reference(case):
+    import attention_reference as ref
+
+    _, q, k, v, kw = next(c for c in _fast_cases() if c[0] == case)
+    mask = kw.get("attn_mask")
+    assert sdpa.torch._route(q, k, v, mask) == sdpa.torch._DIRECT
+    args = (kw.get("dropout_p", 0.0), kw.get("is_causal", False), kw.get("scale"),
+            kw.get("enable_gqa", False), None)
+    fast = sdpa._C.torch_eager_attention(q, k, v, mask, *args, True)
+    assert fast is not None  # this call takes the fast path
+    out = sdpa.scaled_dot_product_attention(q, k, v, **kw)
+    torch.testing.assert_close(out, fast[0], atol=0, rtol=0)
+    want_out, want_lse, _ = ref.forward(
+        q.numpy(), k.numpy(), v.numpy(), None if mask is None else mask.numpy(),
+        bool(kw.get("is_causal", False)), kw.get("scale"), bool(kw.get("enable_gqa", False)))
+    tol = ref.tolerance(q.numpy().dtype)
+    np.testing.assert_allclose(out.numpy(), want_out, **tol)
+    np.testing.assert_allclose(fast[1].numpy(), want_lse, **ref.tolerance(np.float32))
+    assert out.shape == (*q.shape[:-1], v.shape[-1]) and out.dtype == q.dtype
+    assert out.is_contiguous() and out.data_ptr() not in (q.data_ptr(), k.data_ptr(),
+                                                          v.data_ptr())
+    with_lse = sdpa.scaled_dot_product_attention_with_lse(q, k, v, **kw)
+    assert with_lse.backend == fast[2] and with_lse.dropout_state == fast[3]
+    torch.testing.assert_close(with_lse.lse, fast[1], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["odd_shapes_ev", "gqa_causal", "bshd_strides",
+                                  "step_and_broadcast", "float_mask_gqa"])
+def test_eager_gradients_match_float64_reference(case):
+    import attention_reference as ref
+
+    _, q, k, v, kw = next(c for c in _fast_cases() if c[0] == case)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    mask = kw.get("attn_mask")
+    if mask is not None:
+        kw = dict(kw, attn_mask=mask.clone().requires_grad_())
+        leaves.append(kw["attn_mask"])
+    assert sdpa.torch._route(*leaves[:3], kw.get("attn_mask")) == sdpa.torch._AUTOGRAD
+    out = sdpa.scaled_dot_product_attention(*leaves[:3], **kw)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    got = torch.autograd.grad(out, leaves, g)
+    want = ref.backward(g.numpy(), q.numpy(), k.numpy(), v.numpy(),
+                        None if mask is None else mask.numpy(), kw.get("is_causal", False),
+                        kw.get("scale"), kw.get("enable_gqa", False))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b, atol=1e-4, rtol=1e-3)
+
+
+def test_eager_fast_path_with_a_generator_draws_like_the_op():
+    q, k, v = qkv(1, 2, 9, 8, s=33, grad=False, seed=6)
+    fast = sdpa.scaled_dot_product_attention_with_lse(q, k, v, dropout_p=0.4,
+                                                      generator=sdpa.Generator(123))
+    seed, offset = sdpa.Generator(123).next_state()
+    assert fast.dropout_state == (seed, offset)
+    out, _, _ = torch.ops.sdpa.attention(q, k, v, None, None, 0.4, False, None, False,
+                                         sdpa.torch._signed(seed), offset)
+    torch.testing.assert_close(fast.out, out, atol=0, rtol=0)
+
+
+def test_eager_fast_path_leaves_other_calls_to_the_general_path():
+    q, k, v = qkv(1, 2, 5, 8, grad=False)
+    fast = sdpa._C.torch_eager_attention
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert fast(q.requires_grad_(), k, v, None, 0.0, False, None, False, None, False) is None
+    q.requires_grad_(False)
+    for mask in (B.causal_upper_left(5, 5), torch.ones(5, 5, dtype=torch.bool).as_subclass(Sub),
+                 np.ones((5, 5), dtype=bool)):
+        assert fast(q, k, v, mask, 0.0, False, None, False, None, False) is None
+    assert fast(q.as_subclass(Sub), k, v, None, 0.0, False, None, False, None, False) is None
+    assert fast(q, k, [1.0], None, 0.0, False, None, False, None, False) is None
+    assert fast(q, k, v, None, "0.0", False, None, False, None, False) is None
+    assert fast(q, k, v, None, 0.0, False, None, False, "not a generator", False) is None
+    with torch.device("meta"):  # a __torch_function__ mode
+        assert fast(q, k, v, None, 0.0, False, None, False, None, False) is None
+    # ... and the general path answers them as before.
+    want = sdpa.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(sdpa.scaled_dot_product_attention(q, k, v, dropout_p="0.0"),
+                               want, atol=0, rtol=0)
+    sub = sdpa.scaled_dot_product_attention(q.as_subclass(Sub), k, v)
+    torch.testing.assert_close(sub.as_subclass(torch.Tensor), want, atol=0, rtol=0)
+
+
+def test_eager_fast_path_errors_name_the_argument_and_keep_inputs_alive():
+    q, k, v = qkv(2, 2, 4, 8, grad=False)
+    with pytest.raises(sdpa.Error, match="^key: "):
+        sdpa.scaled_dot_product_attention(q, k.to(torch.int8), v)
+    with pytest.raises(sdpa.Error, match="attn_mask"):
+        sdpa.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, 3))
+    # Temporaries die right after the call: the result must not depend on them.
+    out = sdpa.scaled_dot_product_attention(q.clone(), k.clone(), v.clone())
+    torch.testing.assert_close(out, sdpa.scaled_dot_product_attention(q, k, v))

@@ -51,11 +51,11 @@ Device device_from_dl(DLDevice d) {
   }
 }
 
-// Keeps the exported Tensor (and so its storage) alive with the DLManagedTensor.
+// Keeps the exported Tensor (and so its storage) alive with the DLManagedTensor. The
+// DLTensor's shape and strides point into the tensor's own arrays (consumers only read
+// them): one allocation per export, which a tiny call's output pays on every call.
 struct ExportContext {
   Tensor tensor;
-  std::vector<int64_t> shape;
-  std::vector<int64_t> strides;
   DLManagedTensor managed{};
 };
 
@@ -67,7 +67,11 @@ Tensor from_dlpack(DLManagedTensor* managed) {
   std::shared_ptr<DLManagedTensor> owner(managed, [](DLManagedTensor* m) {
     if (m->deleter) m->deleter(m);
   });
-  const DLTensor& t = managed->dl_tensor;
+  return view_dlpack(*managed, std::move(owner));
+}
+
+Tensor view_dlpack(const DLManagedTensor& managed, std::shared_ptr<void> owner) {
+  const DLTensor& t = managed.dl_tensor;
   const DType dtype = dtype_from_dl(t.dtype);
   const Device device = device_from_dl(t.device);
   SDPA_CHECK(t.ndim >= 0, "from_dlpack: negative ndim ", t.ndim);
@@ -76,19 +80,21 @@ Tensor from_dlpack(DLManagedTensor* managed) {
   SDPA_CHECK(t.byte_offset % element_size(dtype) == 0, "from_dlpack: byte_offset ",
              t.byte_offset, " is not a multiple of the element size");
   void* data = static_cast<char*>(t.data) + t.byte_offset;
-  return Tensor::from_blob(data, shape, strides, dtype, device, std::move(owner));
+  return Tensor::from_blob(data, std::move(shape), std::move(strides), dtype, device,
+                           std::move(owner));
 }
 
 DLManagedTensor* to_dlpack(const Tensor& tensor) {
   SDPA_CHECK(tensor.defined(), "to_dlpack: tensor is undefined");
-  auto* ctx = new ExportContext{tensor, tensor.sizes(), tensor.strides(), {}};
+  auto* ctx = new ExportContext{tensor, {}};
   DLTensor& t = ctx->managed.dl_tensor;
   t.data = tensor.data_ptr();
   t.device = {static_cast<DLDeviceType>(tensor.device().type), tensor.device().index};
   t.ndim = static_cast<int32_t>(tensor.dim());
   t.dtype = dtype_to_dl(tensor.dtype());
-  t.shape = ctx->shape.data();
-  t.strides = ctx->strides.data();
+  // DLTensor's fields are non-const by the C ABI; nothing writes through them.
+  t.shape = const_cast<int64_t*>(ctx->tensor.sizes().data());
+  t.strides = const_cast<int64_t*>(ctx->tensor.strides().data());
   t.byte_offset = 0;
   ctx->managed.manager_ctx = ctx;
   ctx->managed.deleter = [](DLManagedTensor* m) {

@@ -27,7 +27,7 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes) {
   void* data = padded == 0 ? nullptr : detail::acquire_block(padded);
   SDPA_CHECK(padded == 0 || data != nullptr, "out of memory: could not allocate ", nbytes,
              " bytes");
-  std::shared_ptr<Storage> s(new Storage());
+  auto s = std::make_shared<Storage>(Key{});
   s->data_ = data;
   s->nbytes_ = nbytes;
   s->owned_ = true;
@@ -37,7 +37,7 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes) {
 
 std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Device device,
                                        std::function<void()> release) {
-  std::shared_ptr<Storage> s(new Storage());
+  auto s = std::make_shared<Storage>(Key{});
   s->data_ = data;
   s->nbytes_ = nbytes;
   s->device_ = device;

@@ -97,16 +97,21 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
   return t;
 }
 
-Tensor Tensor::from_blob(void* data, const Shape& shape, const Shape& strides, DType dtype,
-                         Device device, std::shared_ptr<void> owner) {
+Tensor Tensor::from_blob(void* data, Shape shape, Shape strides, DType dtype, Device device,
+                         std::shared_ptr<void> owner) {
   SDPA_CHECK(shape.size() == strides.size(), "from_blob: shape ", shape_str(shape), " and strides ",
              shape_str(strides), " have different ranks");
   checked_numel(shape);
   checked_extent(shape, strides, dtype);
   Tensor t;
-  t.storage_ = Storage::wrap(data, 0, device, [owner = std::move(owner)] {});
-  t.sizes_ = shape;
-  t.strides_ = strides;
+  // Without an owner, no release function: std::function would heap-allocate even a
+  // capture of an empty shared_ptr, once per imported tensor. (An owner may hold a null
+  // pointer with a deleter: what counts is its control block.)
+  std::function<void()> release;
+  if (owner.use_count() > 0) release = [owner = std::move(owner)] {};
+  t.storage_ = Storage::wrap(data, 0, device, std::move(release));
+  t.sizes_ = std::move(shape);
+  t.strides_ = std::move(strides);
   t.dtype_ = dtype;
   t.device_ = device;
   return t;

@@ -121,6 +121,36 @@ TEST(DLPack, ImportWrapsForeignMemoryAndDeletesOnce) {
   EXPECT_EQ(f.deleted, 1);
 }
 
+TEST(DLPack, ViewReadsForeignMemoryWithoutTakingIt) {
+  std::vector<float> buf(12);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
+  // Every other element of a [2, 6] buffer: strides and a byte offset go through.
+  Foreign f(buf.data(), {2, 3}, {6, 2}, {kDLFloat, 32, 1}, {kDLCPU, 0}, sizeof(float));
+  {
+    Tensor t = view_dlpack(f.managed);
+    EXPECT_EQ(t.sizes(), (Shape{2, 3}));
+    EXPECT_EQ(t.strides(), (Shape{6, 2}));
+    EXPECT_EQ(t.item({1, 2}), 11.0);
+    buf[3] = -1;
+    EXPECT_EQ(t.item({0, 1}), -1.0);
+  }
+  EXPECT_EQ(f.deleted, 0) << "a view never calls the producer's deleter";
+  Foreign bad(buf.data(), {12}, {1}, {kDLInt, 8, 1});
+  EXPECT_THROW(view_dlpack(bad.managed), Error);
+  EXPECT_EQ(bad.deleted, 0);
+}
+
+TEST(DLPack, ExportPointsIntoTheTensorsOwnShapeAndStrides) {
+  Tensor t = Tensor::zeros({2, 3, 4}, DType::kFloat32).transpose(0, 2);
+  DLManagedTensor* m = to_dlpack(t);
+  t = Tensor();  // the export keeps its own reference, shape and strides included
+  const DLTensor& d = m->dl_tensor;
+  EXPECT_EQ(std::vector<int64_t>(d.shape, d.shape + d.ndim), (std::vector<int64_t>{4, 3, 2}));
+  EXPECT_EQ(std::vector<int64_t>(d.strides, d.strides + d.ndim),
+            (std::vector<int64_t>{1, 4, 12}));
+  m->deleter(m);
+}
+
 TEST(DLPack, ImportCompactStridesByteOffsetAndDevices) {
   std::vector<float> buf(30, 1.0f);
   buf[4] = 9.0f;
