@@ -185,8 +185,8 @@ HWY_INLINE void ScoreKeyGroupInPlace(const float* HWY_RESTRICT q, int64_t rows, 
     keys[k] = static_cast<const T*>(k_rows.row_data(key));
   }
   if (full < E) GatherTails(keys, lanes, full, E, tails);
-  ScoreKeysInPlace<kRows>(q, rows, q_stride, keys, full, full < E ? tails : nullptr, scores,
-                          kBlockKv);
+  ScoreKeysInPlace<kRows>({q, q_stride, rows}, {keys, lanes, E, full, full < E ? tails : nullptr},
+                          {scores, kBlockKv, rows});
 }
 
 // acc (rows in kRows' layout) += P[:, 0, n) . value rows [first, first + n) read in place;
@@ -202,9 +202,10 @@ HWY_INLINE void AccumulateTileInPlace(const float* HWY_RESTRICT p, int64_t rows,
   HWY_ALIGN T tails[kBlockKv * kBlock];
   for (int64_t k = 0; k < n; ++k) values[k] = static_cast<const T*>(v_rows.row_data(first + k));
   if (full < Ev) GatherTails(values, n, full, Ev, tails);
-  AccumulateValuesInPlace<kRows>(p, rows, kBlockKv, values, n, full, full < Ev ? tails : nullptr,
-                                 acc, acc_stride, Ev, NextTileRows(v_rows, j0, S),
-                                 v_rows.row_stride());
+  AccumulateValuesInPlace<kRows>({p, kBlockKv, rows},
+                                 {values, n, Ev, full, full < Ev ? tails : nullptr},
+                                 {acc, acc_stride, rows},
+                                 {NextTileRows(v_rows, j0, S), v_rows.row_stride()});
 }
 
 /// Key route: key rows of unit stride read in place (widened in registers). bf16 rows
