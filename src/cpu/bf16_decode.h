@@ -90,6 +90,7 @@ struct Bf16KeyGroup {
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline void Bf16ScoreFourRows(
     const Bf16Rows& q, const Bf16KeyGroup& keys, float scale, const Float32Rows& scores) {
   const uint16_t* q_data = q.data;
+  float* scores_data = scores.data;
   const char* base = keys.base;
   const int64_t* offset = keys.offset;
   const int64_t ld_q = q.stride, head_dim = keys.head_dim, ld_scores = scores.stride;
@@ -107,7 +108,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline voi
     const __m512 sums = _mm512_mul_ps(SumsOfLanes16(acc), _mm512_set1_ps(scale));
     // Lanes 4r .. 4r + 3 are row r's: a masked store puts them at its keys kb .. kb + 3.
     for (int r = 0; r < 4; ++r) {
-      _mm512_mask_storeu_ps(scores.data + r * ld_scores + kb - 4 * r,
+      _mm512_mask_storeu_ps(scores_data + r * ld_scores + kb - 4 * r,
                             static_cast<__mmask16>(0xF << (4 * r)), sums);
     }
   }
@@ -120,6 +121,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline voi
 /// head_dim (masked loads).
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys(
     const Bf16Rows& q, const Bf16KvRows& keys, int64_t n, float scale, const Float32Rows& scores) {
+  const uint16_t* q_data = q.data;
+  float* scores_data = scores.data;
   const int64_t rows = q.rows, ld_q = q.stride, ld_scores = scores.stride;
   const int64_t key_stride = keys.stride, head_dim = keys.head_dim, valid = keys.count;
   for (int64_t c = 0; c < n; c += 16) {
@@ -135,14 +138,14 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys
     int64_t r = 0;
     if (whole == head_dim) {
       for (; r + 4 <= rows; r += 4) {
-        Bf16ScoreFourRows({q.row(r), ld_q, 4}, {base, offset, head_dim}, scale,
-                          {scores.row(r) + c, ld_scores});
+        Bf16ScoreFourRows({q_data + r * ld_q, ld_q, 4}, {base, offset, head_dim}, scale,
+                          {scores_data + r * ld_scores + c, ld_scores});
       }
     }
     for (; r < rows; ++r) {
       __m512 acc[16];
       for (__m512& a : acc) a = _mm512_setzero_ps();
-      const uint16_t* qr = q.row(r);
+      const uint16_t* qr = q_data + r * ld_q;
       for (int64_t e = 0; e < whole; e += 32) {
         const __m512bh qv = (__m512bh)_mm512_loadu_si512(qr + e);
         for (int k = 0; k < 16; ++k) {
@@ -160,7 +163,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys
           acc[k] = _mm512_dpbf16_ps(acc[k], qv, kv);
         }
       }
-      _mm512_storeu_ps(scores.row(r) + c, _mm512_mul_ps(SumsOfLanes16(acc), _mm512_set1_ps(scale)));
+      _mm512_storeu_ps(scores_data + r * ld_scores + c,
+                       _mm512_mul_ps(SumsOfLanes16(acc), _mm512_set1_ps(scale)));
     }
   }
 }
@@ -208,7 +212,12 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void Bf16ValueTile(
     const Bf16Rows& p, const Bf16KvRows& values, __mmask32 tail, const RescaledAccumulators& acc,
     const RowsAhead& ahead) {
   constexpr int kVecs = 2 * kBlocks;
-  const int64_t value_stride = values.stride, n = values.count, ld_acc = acc.stride;
+  // Copies and scalars of the operands, so that the key loop below reads them from
+  // registers, not through the references.
+  const Bf16Rows p_rows = p;
+  const Bf16KvRows value_rows = values;
+  const int64_t value_stride = values.stride, head_dim = values.head_dim, n = values.count;
+  const int64_t ld_acc = acc.stride;
   __m512 a[kRows][kVecs];
 #pragma GCC unroll 2
   for (int r = 0; r < kRows; ++r) {
@@ -220,12 +229,12 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void Bf16ValueTile(
   }
   int64_t c = 0;
   for (; c + 1 < n; c += 2) {
-    PrefetchRows(ahead, value_stride, values.head_dim, c, c + 2);
-    AccumulateKeyPair<kRows, kBlocks, kTail, true>(a, p, values, c, tail);
+    PrefetchRows(ahead, value_stride, head_dim, c, c + 2);
+    AccumulateKeyPair<kRows, kBlocks, kTail, true>(a, p_rows, value_rows, c, tail);
   }
   if (c < n) {
-    PrefetchRows(ahead, value_stride, values.head_dim, c, c + 2);
-    AccumulateKeyPair<kRows, kBlocks, kTail, false>(a, p, values, c, tail);
+    PrefetchRows(ahead, value_stride, head_dim, c, c + 2);
+    AccumulateKeyPair<kRows, kBlocks, kTail, false>(a, p_rows, value_rows, c, tail);
   }
 #pragma GCC unroll 2
   for (int r = 0; r < kRows; ++r) {

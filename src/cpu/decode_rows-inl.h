@@ -133,12 +133,12 @@ HWY_INLINE void LoadBlock(D d, const KvElement<kRows>* HWY_RESTRICT src, hn::Vec
   }
 }
 
-// Requests block `e` of row k of `ahead`.
+// Requests block `e` of row k of `ahead` (rows `stride` elements apart).
 template <KvRows kRows>
-HWY_INLINE void PrefetchBlock(const RowsToRequest& ahead, int64_t k, int64_t e) {
+HWY_INLINE void PrefetchBlock(const RowsAhead& ahead, int64_t stride, int64_t k, int64_t e) {
   constexpr int64_t kBytes = SplitBlock() * static_cast<int64_t>(sizeof(KvElement<kRows>));
-  const char* block = static_cast<const char*>(ahead.rows.rows) +
-                      (k * ahead.row_stride + e) * static_cast<int64_t>(sizeof(KvElement<kRows>));
+  const char* block = static_cast<const char*>(ahead.rows) +
+                      (k * stride + e) * static_cast<int64_t>(sizeof(KvElement<kRows>));
   for (int64_t offset = 0; offset < kBytes; offset += 64) {
     __builtin_prefetch(block + offset, 0, 2);
   }
@@ -163,19 +163,24 @@ HWY_INLINE void AccumulateBlock(D d, const FloatRows<const float>& p,
                                 const RowsToRequest& ahead) {
   using V = hn::Vec<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
+  // The fields as scalars for the key loop: read through `ahead` there, the prefetch
+  // address was recomputed per key instead of advanced by a stride (decode 2-3% slower).
   const float* HWY_RESTRICT p_data = p.data;
   float* HWY_RESTRICT acc_data = acc.data;
   const int64_t p_stride = p.stride, acc_stride = acc.stride, e = values.e, n = values.n;
+  const KvElement<kRows>* const* value_rows = values.rows;
   const KvElement<kRows>* tails = values.tails;
+  const RowsAhead& rows_ahead = ahead.rows;
+  const int64_t ahead_stride = ahead.row_stride;
   V first[R], second[R];
   for (int r = 0; r < R; ++r) {
     first[r] = hn::LoadU(d, acc_data + r * acc_stride + e);
     second[r] = hn::LoadU(d, acc_data + r * acc_stride + e + N);
   }
   for (int64_t k = 0; k < n; ++k) {
-    if (k < ahead.rows.n) PrefetchBlock<kRows>(ahead, k, e);
+    if (k < rows_ahead.n) PrefetchBlock<kRows>(rows_ahead, ahead_stride, k, e);
     V v0, v1;
-    LoadBlock<kRows>(d, tails ? tails + k * 2 * N : values.rows[k] + e, v0, v1);
+    LoadBlock<kRows>(d, tails ? tails + k * 2 * N : value_rows[k] + e, v0, v1);
     for (int r = 0; r < R; ++r) {
       const V pk = hn::Set(d, p_data[r * p_stride + k]);
       first[r] = hn::MulAdd(pk, v0, first[r]);
