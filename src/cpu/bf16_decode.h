@@ -13,6 +13,43 @@
 
 namespace sdpa::cpu {
 
+/// Rows of bf16 bits read by the kernels below (query rows, P rows): row r at
+/// data + r * stride, r < rows.
+struct Bf16Rows {
+  const uint16_t* data;
+  int64_t stride;
+  int64_t rows;
+
+  const uint16_t* row(int64_t r) const { return data + r * stride; }
+};
+
+/// bf16 key or value rows of a kv head read in place: row c at data + c * stride, of
+/// head_dim elements of unit stride (nothing past them is read); rows c >= count are not
+/// read.
+struct Bf16KvRows {
+  const uint16_t* data;
+  int64_t stride;
+  int64_t head_dim;
+  int64_t count;
+};
+
+/// Float32 rows written by the kernels below (scores): row r at data + r * stride.
+struct Float32Rows {
+  float* data;
+  int64_t stride;
+
+  float* row(int64_t r) const { return data + r * stride; }
+};
+
+/// The output accumulators of the online softmax (online_softmax.h) that a P.v pass adds
+/// to: row r at o + r * stride, multiplied first by alpha[r] (the rescale of the rows
+/// so far).
+struct RescaledAccumulators {
+  const float* alpha;
+  float* o;
+  int64_t stride;
+};
+
 // GCC 12's AVX-512 unpack and cast intrinsics use _mm512_undefined_*() internally, which
 // -Wmaybe-uninitialized reports wherever they are inlined; nothing is uninitialized.
 #pragma GCC diagnostic push
@@ -39,18 +76,30 @@ __attribute__((target("avx512f,avx512bf16"))) inline __m512 SumsOfLanes16(const 
                        _mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Scores of query rows r0 .. r0 + 3 against 16 whole key rows (head_dim a multiple of 32),
-// 4 keys at a time: each key vector loaded serves all 4 rows' accumulators, a quarter of
-// the key loads of one row at a time (decode 10% faster hot).
-__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline void
-Bf16ScoreFourRows(const uint16_t* q, int64_t ld_q, const char* base, const int64_t* offset,
-                  int64_t head_dim, float scale, float* scores, int64_t ld_scores) {
+// 16 key rows at byte offsets offset[k] from base, head_dim bf16 elements each.
+struct Bf16KeyGroup {
+  const char* base;
+  const int64_t* offset;
+  int64_t head_dim;
+};
+
+// Scores of query rows q.row(0 .. 3) against the 16 whole key rows of `keys` (head_dim a
+// multiple of 32) into scores.row(0 .. 3)[0, 16), times scale, 4 keys at a time: each key
+// vector loaded serves all 4 rows' accumulators, a quarter of the key loads of one row at
+// a time (decode 10% faster hot).
+__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline void Bf16ScoreFourRows(
+    const Bf16Rows& q, const Bf16KeyGroup& keys, float scale, const Float32Rows& scores) {
+  const uint16_t* q_data = q.data;
+  float* scores_data = scores.data;
+  const char* base = keys.base;
+  const int64_t* offset = keys.offset;
+  const int64_t ld_q = q.stride, head_dim = keys.head_dim, ld_scores = scores.stride;
   for (int kb = 0; kb < 16; kb += 4) {
-    __m512 acc[16];  // acc[4 * r + k]: query row r0 + r, key kb + k
+    __m512 acc[16];  // acc[4 * r + k]: query row r, key kb + k
     for (__m512& a : acc) a = _mm512_setzero_ps();
     for (int64_t e = 0; e < head_dim; e += 32) {
       __m512bh qv[4];
-      for (int r = 0; r < 4; ++r) qv[r] = (__m512bh)_mm512_loadu_si512(q + r * ld_q + e);
+      for (int r = 0; r < 4; ++r) qv[r] = (__m512bh)_mm512_loadu_si512(q_data + r * ld_q + e);
       for (int k = 0; k < 4; ++k) {
         const __m512bh kv = (__m512bh)_mm512_loadu_si512(base + offset[kb + k] + 2 * e);
         for (int r = 0; r < 4; ++r) acc[4 * r + k] = _mm512_dpbf16_ps(acc[4 * r + k], qv[r], kv);
@@ -59,41 +108,44 @@ Bf16ScoreFourRows(const uint16_t* q, int64_t ld_q, const char* base, const int64
     const __m512 sums = _mm512_mul_ps(SumsOfLanes16(acc), _mm512_set1_ps(scale));
     // Lanes 4r .. 4r + 3 are row r's: a masked store puts them at its keys kb .. kb + 3.
     for (int r = 0; r < 4; ++r) {
-      _mm512_mask_storeu_ps(scores + r * ld_scores + kb - 4 * r,
+      _mm512_mask_storeu_ps(scores_data + r * ld_scores + kb - 4 * r,
                             static_cast<__mmask16>(0xF << (4 * r)), sums);
     }
   }
 }
 
 /// Scores of few query rows against key rows read in place (decoding):
-/// scores[r * ld_scores + c] = scale * q_r . key_c for r < rows and c in [0, n) (n a
-/// multiple of 16), q_r = q + r * ld_q (bf16 bits, zero-padded to a multiple of 32) and
-/// key_c = keys + c * key_stride (head_dim bf16 elements, unit stride); keys c >= valid
-/// are not read (score 0), nor is anything past a key row's head_dim (masked loads).
+/// scores.row(r)[c] = scale * q_r . key_c for r < q.rows and c in [0, n) (n a multiple of
+/// 16), q_r = q.row(r) (bf16 bits, zero-padded to a multiple of 32) and key_c row c of
+/// `keys`; keys c >= keys.count are not read (score 0), nor is anything past a key row's
+/// head_dim (masked loads).
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys(
-    const uint16_t* q, int64_t rows, int64_t ld_q, const uint16_t* keys, int64_t key_stride,
-    int64_t head_dim, int64_t valid, int64_t n, float scale, float* scores, int64_t ld_scores) {
+    const Bf16Rows& q, const Bf16KvRows& keys, int64_t n, float scale, const Float32Rows& scores) {
+  const uint16_t* q_data = q.data;
+  float* scores_data = scores.data;
+  const int64_t rows = q.rows, ld_q = q.stride, ld_scores = scores.stride;
+  const int64_t key_stride = keys.stride, head_dim = keys.head_dim, valid = keys.count;
   for (int64_t c = 0; c < n; c += 16) {
-    // Byte offsets of the group's key rows from `keys` (a row past `valid` repeats the
+    // Byte offsets of the group's key rows from keys.data (a row past `valid` repeats the
     // last valid one and is read with an all-zero mask).
     const int64_t in_group = std::clamp<int64_t>(valid - c, 0, 16);
     int64_t offset[16];
     for (int k = 0; k < 16; ++k) {
       offset[k] = std::min<int64_t>(c + k, std::max<int64_t>(valid - 1, 0)) * key_stride * 2;
     }
-    const char* base = reinterpret_cast<const char*>(keys);
+    const char* base = reinterpret_cast<const char*>(keys.data);
     const int64_t whole = in_group == 16 ? head_dim / 32 * 32 : 0;  // unmasked part
     int64_t r = 0;
     if (whole == head_dim) {
       for (; r + 4 <= rows; r += 4) {
-        Bf16ScoreFourRows(q + r * ld_q, ld_q, base, offset, head_dim, scale,
-                          scores + r * ld_scores + c, ld_scores);
+        Bf16ScoreFourRows({q_data + r * ld_q, ld_q, 4}, {base, offset, head_dim}, scale,
+                          {scores_data + r * ld_scores + c, ld_scores});
       }
     }
     for (; r < rows; ++r) {
       __m512 acc[16];
       for (__m512& a : acc) a = _mm512_setzero_ps();
-      const uint16_t* qr = q + r * ld_q;
+      const uint16_t* qr = q_data + r * ld_q;
       for (int64_t e = 0; e < whole; e += 32) {
         const __m512bh qv = (__m512bh)_mm512_loadu_si512(qr + e);
         for (int k = 0; k < 16; ++k) {
@@ -111,7 +163,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys
           acc[k] = _mm512_dpbf16_ps(acc[k], qv, kv);
         }
       }
-      _mm512_storeu_ps(scores + r * ld_scores + c,
+      _mm512_storeu_ps(scores_data + r * ld_scores + c,
                        _mm512_mul_ps(SumsOfLanes16(acc), _mm512_set1_ps(scale)));
     }
   }
@@ -120,14 +172,16 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys
 /// Value elements per block of Bf16AccumulateValues' output order.
 inline constexpr int64_t kValueBlock = 32;
 
-// a[r][*] += (P[r][c], P[r][c + 1]) . (value rows c, c + 1) over kBlocks blocks of 32
-// elements, the last one masked to `tail` when kTail; without kPair, row c + 1 reads as 0
+// a[r][*] += (p.row(r)[c], p.row(r)[c + 1]) . (value rows c, c + 1) over kBlocks blocks of
+// 32 elements, the last one masked to `tail` when kTail; without kPair, row c + 1 reads as 0
 // (an odd last key: its P padding column weighs 0). vpunpck{l,h}wd interleave the two
 // rows within each 128-bit lane, so each 32-bit lane holds one element of both rows.
 template <int kRows, int kBlocks, bool kTail, bool kPair>
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline void AccumulateKeyPair(
-    __m512 (&a)[kRows][2 * kBlocks], const uint16_t* p, int64_t ld_p, const uint16_t* row0,
-    int64_t value_stride, int64_t c, __mmask32 tail) {
+    __m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p, const Bf16KvRows& values, int64_t c,
+    __mmask32 tail) {
+  const uint16_t* row0 = values.data + c * values.stride;
+  const int64_t value_stride = values.stride;
   __m512bh pairs[2 * kBlocks];
 #pragma GCC unroll 4
   for (int blk = 0; blk < kBlocks; ++blk) {
@@ -142,45 +196,50 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline voi
 #pragma GCC unroll 2
   for (int r = 0; r < kRows; ++r) {
     int32_t weights;
-    std::memcpy(&weights, p + r * ld_p + c, sizeof weights);
+    std::memcpy(&weights, p.row(r) + c, sizeof weights);
     const __m512bh w = (__m512bh)_mm512_set1_epi32(weights);
 #pragma GCC unroll 8
     for (int j = 0; j < 2 * kBlocks; ++j) a[r][j] = _mm512_dpbf16_ps(a[r][j], w, pairs[j]);
   }
 }
 
-// acc rows r < kRows, kBlocks blocks of 32 elements (two vectors each), = alpha[r] acc +
-// P . values for the n keys, with the accumulators held in registers over all of them.
+// acc rows r < kRows, kBlocks blocks of 32 elements (two vectors each), = acc.alpha[r] acc
+// + P . values for the values.count keys, with the accumulators held in registers over all
+// of them. `values` start at the pass's first element; their head_dim is the whole rows',
+// which the requests for the rows `ahead` (spaced like them) read.
 template <int kRows, int kBlocks, bool kTail>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void Bf16ValueTile(
-    const uint16_t* p, int64_t ld_p, const uint16_t* values, int64_t value_stride, int64_t n,
-    __mmask32 tail, const float* alpha, float* acc, int64_t ld_acc, const RowsAhead& ahead,
-    int64_t ahead_elements) {
+    const Bf16Rows& p, const Bf16KvRows& values, __mmask32 tail, const RescaledAccumulators& acc,
+    const RowsAhead& ahead) {
   constexpr int kVecs = 2 * kBlocks;
+  // Copies and scalars of the operands, so that the key loop below reads them from
+  // registers, not through the references.
+  const Bf16Rows p_rows = p;
+  const Bf16KvRows value_rows = values;
+  const int64_t value_stride = values.stride, head_dim = values.head_dim, n = values.count;
+  const int64_t ld_acc = acc.stride;
   __m512 a[kRows][kVecs];
 #pragma GCC unroll 2
   for (int r = 0; r < kRows; ++r) {
-    const __m512 scale = _mm512_set1_ps(alpha[r]);
+    const __m512 scale = _mm512_set1_ps(acc.alpha[r]);
 #pragma GCC unroll 8
     for (int j = 0; j < kVecs; ++j) {
-      a[r][j] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * ld_acc + 16 * j), scale);
+      a[r][j] = _mm512_mul_ps(_mm512_loadu_ps(acc.o + r * ld_acc + 16 * j), scale);
     }
   }
   int64_t c = 0;
   for (; c + 1 < n; c += 2) {
-    PrefetchRows(ahead, value_stride, ahead_elements, c, c + 2);
-    AccumulateKeyPair<kRows, kBlocks, kTail, true>(a, p, ld_p, values + c * value_stride,
-                                                   value_stride, c, tail);
+    PrefetchRows(ahead, value_stride, head_dim, c, c + 2);
+    AccumulateKeyPair<kRows, kBlocks, kTail, true>(a, p_rows, value_rows, c, tail);
   }
   if (c < n) {
-    PrefetchRows(ahead, value_stride, ahead_elements, c, c + 2);
-    AccumulateKeyPair<kRows, kBlocks, kTail, false>(a, p, ld_p, values + c * value_stride,
-                                                    value_stride, c, tail);
+    PrefetchRows(ahead, value_stride, head_dim, c, c + 2);
+    AccumulateKeyPair<kRows, kBlocks, kTail, false>(a, p_rows, value_rows, c, tail);
   }
 #pragma GCC unroll 2
   for (int r = 0; r < kRows; ++r) {
 #pragma GCC unroll 8
-    for (int j = 0; j < kVecs; ++j) _mm512_storeu_ps(acc + r * ld_acc + 16 * j, a[r][j]);
+    for (int j = 0; j < kVecs; ++j) _mm512_storeu_ps(acc.o + r * ld_acc + 16 * j, a[r][j]);
   }
 }
 
@@ -193,21 +252,20 @@ inline constexpr int kValueRowsPerPass = 2;
 
 /// P.v of few query rows over value rows read in place (decoding), with the online
 /// softmax's rescale of the rows so far folded into the accumulator loads:
-/// acc[r * ld_acc + e'] = alpha[r] acc[r * ld_acc + e'] + sum_c P[r][c] value_c[e] for
-/// r < rows, c < n, e < head_dim_v,
-/// where P is bf16 bits (p + r * ld_p, n rounded up to even readable, the padding column
-/// weighing 0) and value_c = values + c * value_stride (head_dim_v bf16 elements, unit
-/// stride; nothing past them is read). acc rows are padded to a multiple of kValueBlock
-/// floats and come out in the order ValueOrderToElements describes and restores (once per
-/// row at the end): vpunpck{l,h}wd interleave two rows within 128-bit lanes, cheaper than
-/// the cross-lane permute that element order would need. The rows `ahead` are requested
-/// into L2 along the way: memory streams them while this computes.
+/// acc.o[r * acc.stride + e'] = acc.alpha[r] acc.o[r * acc.stride + e'] +
+/// sum_c P[r][c] value_c[e] for r < p.rows, c < values.count, e < values.head_dim,
+/// where P is bf16 bits (p.row(r), count rounded up to even readable, the padding column
+/// weighing 0) and value_c row c of `values`. acc rows are padded to a multiple of
+/// kValueBlock floats and come out in the order ValueOrderToElements describes and
+/// restores (once per row at the end): vpunpck{l,h}wd interleave two rows within 128-bit
+/// lanes, cheaper than the cross-lane permute that element order would need. The rows
+/// `ahead` (spaced like the value rows) are requested into L2 along the way: memory streams
+/// them while this computes.
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16AccumulateValues(
-    const uint16_t* p, int64_t rows, int64_t ld_p, const uint16_t* values, int64_t value_stride,
-    int64_t head_dim_v, int64_t n, const float* alpha, float* acc, int64_t ld_acc,
+    const Bf16Rows& p, const Bf16KvRows& values, const RescaledAccumulators& acc,
     const RowsAhead& ahead) {
-  using Tile = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, __mmask32,
-                        const float*, float*, int64_t, const RowsAhead&, int64_t);
+  using Tile = void (*)(const Bf16Rows&, const Bf16KvRows&, __mmask32, const RescaledAccumulators&,
+                        const RowsAhead&);
   // [query rows - 1][blocks - 1][last block masked]
   static constexpr Tile kTiles[kValueRowsPerPass][kValueBlocksPerPass][2] = {
       {{Bf16ValueTile<1, 1, false>, Bf16ValueTile<1, 1, true>},
@@ -219,6 +277,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16Accumulat
        {Bf16ValueTile<2, 3, false>, Bf16ValueTile<2, 3, true>},
        {Bf16ValueTile<2, 4, false>, Bf16ValueTile<2, 4, true>}}};
   constexpr int64_t kPass = kValueBlocksPerPass * kValueBlock;
+  const int64_t rows = p.rows, head_dim_v = values.head_dim, n = values.count;
   for (int64_t e = 0; e < head_dim_v; e += kPass) {
     const int64_t lanes = std::min(head_dim_v - e, kPass);
     const int64_t blocks = (lanes + kValueBlock - 1) / kValueBlock;
@@ -229,13 +288,13 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16Accumulat
       const int64_t m = std::min<int64_t>(kValueRowsPerPass, rows - r);
       // The first pass requests the rows ahead, a pair per pair of keys it reads.
       const bool first = e == 0 && r == 0;
-      kTiles[m - 1][blocks - 1][masked](p + r * ld_p, ld_p, values + e, value_stride, n, tail,
-                                         alpha + r, acc + r * ld_acc + e, ld_acc,
-                                         first ? ahead : RowsAhead{}, head_dim_v);
+      kTiles[m - 1][blocks - 1][masked](
+          {p.row(r), p.stride, m}, {values.data + e, values.stride, head_dim_v, n}, tail,
+          {acc.alpha + r, acc.o + r * acc.stride + e, acc.stride}, first ? ahead : RowsAhead{});
     }
   }
   // Rows ahead past those the key pairs requested (when ahead.n > n).
-  PrefetchRows(ahead, value_stride, head_dim_v, (n + 1) / 2 * 2, ahead.n);
+  PrefetchRows(ahead, values.stride, head_dim_v, (n + 1) / 2 * 2, ahead.n);
 }
 
 /// Puts an accumulator row of Bf16AccumulateValues ([0, n), n a multiple of kValueBlock)

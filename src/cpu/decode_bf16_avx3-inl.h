@@ -49,9 +49,10 @@ struct Bf16Keys {
         Prefetch(k_rows, ahead);
         if (call.values_ahead && ahead < call.first_tile_end) Prefetch(*call.values_ahead, ahead);
       }
-      Bf16ScoreKeys(call.ws.q_bf16, call.rows, call.e_pad,
-                    static_cast<const uint16_t*>(k_rows.row_data(j0 + c)), k_rows.row_stride(),
-                    k_rows.cols(), S - j0 - c, 16, call.scale, call.ws.scores + c, kBlockKv);
+      Bf16ScoreKeys({call.ws.q_bf16, call.e_pad, call.rows},
+                    {static_cast<const uint16_t*>(k_rows.row_data(j0 + c)), k_rows.row_stride(),
+                     k_rows.cols(), S - j0 - c},
+                    16, call.scale, {call.ws.scores + c, kBlockKv});
     }
   }
 };
@@ -86,10 +87,10 @@ struct Bf16Values {
     // streams values during P.v and keys during the scores, instead of idling through P.v
     // with both requested in bursts during the scores.
     const RowsAhead ahead = NextTileRows(v_rows, j0, call.S);
-    Bf16AccumulateValues(ws.p_bf16 + pair_begin, call.rows, kBlockKv,
-                         static_cast<const uint16_t*>(v_rows.row_data(j0 + pair_begin)),
-                         v_rows.row_stride(), v_rows.cols(), c_end - pair_begin, call.state.alpha, call.state.o,
-                         call.ev_pad, ahead);
+    Bf16AccumulateValues({ws.p_bf16 + pair_begin, kBlockKv, call.rows},
+                         {static_cast<const uint16_t*>(v_rows.row_data(j0 + pair_begin)),
+                          v_rows.row_stride(), v_rows.cols(), c_end - pair_begin},
+                         {call.state.alpha, call.state.o, call.ev_pad}, ahead);
   }
   HWY_INLINE void Finish(const DecodeCall& call) const {
     static_assert(kDecodeRowPad % kValueBlock == 0);

@@ -73,12 +73,16 @@ HWY_INLINE RowsAhead NextTileRows(const RowView& rows, int64_t j0, int64_t S) {
           rows.element_bytes()};
 }
 
-// scores[r * kBlockKv + c] = q_r . key_c for rows r < rows and keys c in [c0, c1) (multiples
-// of the lane count), key_c being row c of `keys` (row length e_pad).
-HWY_INLINE void ScoreKeys(const float* HWY_RESTRICT q, int64_t rows, const float* HWY_RESTRICT keys,
-                          int64_t e_pad, int64_t c0, int64_t c1, float* HWY_RESTRICT scores) {
+// ws.scores[r * kBlockKv + c] = q_r . key_c for rows r < call.rows and keys c in [c0, c1)
+// (multiples of the lane count): q_r row r of ws.q, key_c row c of ws.tile (both e_pad
+// long).
+HWY_INLINE void ScoreKeys(const DecodeCall& call, int64_t c0, int64_t c1) {
   const hn::ScalableTag<float> d;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
+  const float* HWY_RESTRICT q = call.ws.q;
+  const float* HWY_RESTRICT keys = call.ws.tile;
+  float* HWY_RESTRICT scores = call.ws.scores;
+  const int64_t rows = call.rows, e_pad = call.e_pad;
   for (int64_t c = c0; c < c1; c += N) {
     const float* key = keys + c * e_pad;
     for (int64_t r = 0; r < rows; ++r) {
@@ -117,7 +121,7 @@ struct KeysInTile {
       Prefetch(call.k_rows, std::min(j0 + c + kPrefetchRows, call.S - 1));
       LoadRow(call.k_rows, j0 + c, call.e_pad, key);
     }
-    ScoreKeys(ws.q, call.rows, ws.tile, call.e_pad, g_begin, g_end, ws.scores);
+    ScoreKeys(call, g_begin, g_end);
   }
 };
 
@@ -163,17 +167,18 @@ HWY_INLINE void ForKvRows(KvRows kind, const F& f) {
   }
 }
 
-// Scores of keys [key0, key0 + Lanes) read in place into scores[0, Lanes) (keys past
-// kv_len repeat the last key: the caller masks their scores). Requests the key rows
-// kPrefetchRows ahead, and the value rows of `values` (null: none) while they belong to
-// the chunk's first tile (the P.v pass of the tile before requests the others).
+// Scores of keys j0 + [c, c + Lanes) read in place into ws.scores' columns [c, c + Lanes)
+// (keys past kv_len repeat the last key: the caller masks their scores). Requests the key
+// rows kPrefetchRows ahead, and the value rows of call.values_ahead (null: none) while
+// they belong to the chunk's first tile (the P.v pass of the tile before requests the
+// others).
 template <KvRows kRows>
-HWY_INLINE void ScoreKeyGroupInPlace(const float* HWY_RESTRICT q, int64_t rows, int64_t q_stride,
-                                     const RowView& k_rows, const RowView* values,
-                                     int64_t first_tile_end, int64_t key0, int64_t S,
-                                     float* HWY_RESTRICT scores) {
+HWY_INLINE void ScoreKeyGroupInPlace(const DecodeCall& call, int64_t j0, int64_t c) {
   using T = KvElement<kRows>;
   constexpr int64_t kBlock = SplitBlock(), lanes = kBlock / 2;
+  const RowView& k_rows = call.k_rows;
+  const RowView* values = call.values_ahead;
+  const int64_t key0 = j0 + c, S = call.S, first_tile_end = call.first_tile_end;
   const int64_t E = k_rows.cols(), full = E / kBlock * kBlock;
   const T* keys[lanes];
   HWY_ALIGN T tails[lanes * kBlock];
@@ -185,26 +190,30 @@ HWY_INLINE void ScoreKeyGroupInPlace(const float* HWY_RESTRICT q, int64_t rows, 
     keys[k] = static_cast<const T*>(k_rows.row_data(key));
   }
   if (full < E) GatherTails(keys, lanes, full, E, tails);
-  ScoreKeysInPlace<kRows>(q, rows, q_stride, keys, full, full < E ? tails : nullptr, scores,
-                          kBlockKv);
+  ScoreKeysInPlace<kRows>({call.ws.q, call.e_pad, call.rows},
+                          {keys, lanes, E, full, full < E ? tails : nullptr},
+                          {call.ws.scores + c, kBlockKv, call.rows});
 }
 
-// acc (rows in kRows' layout) += P[:, 0, n) . value rows [first, first + n) read in place;
-// requests the rows of the tile after the one at j0 on the way.
+// call.state.o (rows in kRows' layout) += P[:, c_begin, c_end) . value rows
+// j0 + [c_begin, c_end) read in place, P in ws.scores; requests the rows of the tile after
+// the one at j0 on the way.
 template <KvRows kRows>
-HWY_INLINE void AccumulateTileInPlace(const float* HWY_RESTRICT p, int64_t rows,
-                                      const RowView& v_rows, int64_t first, int64_t n, int64_t j0,
-                                      int64_t S, float* HWY_RESTRICT acc, int64_t acc_stride) {
+HWY_INLINE void AccumulateTileInPlace(const DecodeCall& call, int64_t j0, int64_t c_begin,
+                                      int64_t c_end) {
   using T = KvElement<kRows>;
   constexpr int64_t kBlock = SplitBlock();
+  const RowView& v_rows = call.v_rows;
+  const int64_t first = j0 + c_begin, n = c_end - c_begin;
   const int64_t Ev = v_rows.cols(), full = Ev / kBlock * kBlock;
   const T* values[kBlockKv];
   HWY_ALIGN T tails[kBlockKv * kBlock];
   for (int64_t k = 0; k < n; ++k) values[k] = static_cast<const T*>(v_rows.row_data(first + k));
   if (full < Ev) GatherTails(values, n, full, Ev, tails);
-  AccumulateValuesInPlace<kRows>(p, rows, kBlockKv, values, n, full, full < Ev ? tails : nullptr,
-                                 acc, acc_stride, Ev, NextTileRows(v_rows, j0, S),
-                                 v_rows.row_stride());
+  AccumulateValuesInPlace<kRows>({call.ws.scores + c_begin, kBlockKv, call.rows},
+                                 {values, n, Ev, full, full < Ev ? tails : nullptr},
+                                 {call.state.o, call.ev_pad, call.rows},
+                                 {NextTileRows(v_rows, j0, call.S), v_rows.row_stride()});
 }
 
 /// Key route: key rows of unit stride read in place (widened in registers). bf16 rows
@@ -222,9 +231,7 @@ struct KeysInPlace {
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
     ForKvRows(kind, [&](auto rows_kind) HWY_ATTR {
       for (int64_t c = g_begin; c < g_end; c += lanes) {
-        ScoreKeyGroupInPlace<decltype(rows_kind)::value>(
-            call.ws.q, call.rows, call.e_pad, call.k_rows, call.values_ahead, call.first_tile_end,
-            j0 + c, call.S, call.ws.scores + c);
+        ScoreKeyGroupInPlace<decltype(rows_kind)::value>(call, j0, c);
       }
     });
   }
@@ -238,9 +245,7 @@ struct ValuesInPlace : Float32Probabilities {
   HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin,
                              int64_t c_end) const {
     ForKvRows(kind, [&](auto rows_kind) HWY_ATTR {
-      AccumulateTileInPlace<decltype(rows_kind)::value>(call.ws.scores + c_begin, call.rows,
-                                                        call.v_rows, j0 + c_begin, c_end - c_begin,
-                                                        j0, call.S, call.state.o, call.ev_pad);
+      AccumulateTileInPlace<decltype(rows_kind)::value>(call, j0, c_begin, c_end);
     });
   }
   HWY_INLINE void Finish(const DecodeCall& call) const {

@@ -63,6 +63,38 @@ HWY_INLINE void SplitRow(float* HWY_RESTRICT row, int64_t n, bool unsplit = fals
   }
 }
 
+/// Float32 rows of a kernel below: row r at data + r * stride, r < rows (T = const float
+/// for the q and P rows read, float for the scores and accumulators written).
+template <typename T>
+struct FloatRows {
+  T* data;
+  int64_t stride;
+  int64_t rows;
+
+  T* row(int64_t r) const { return data + r * stride; }
+  /// Rows [r, rows).
+  FloatRows from(int64_t r) const { return {row(r), stride, rows - r}; }
+};
+
+/// Key or value rows of unit stride read in place, `cols` elements each: rows[k] for
+/// k < n, their first `full` elements (cols rounded down to a multiple of SplitBlock())
+/// read from the rows, the rest from `tails` (GatherTails; null when full == cols).
+template <KvRows kRows>
+struct InPlaceRows {
+  const KvElement<kRows>* const* rows;
+  int64_t n;
+  int64_t cols;
+  int64_t full;
+  const KvElement<kRows>* tails;
+};
+
+/// Rows requested into L2 while a P.v pass reads its own (rows_ahead.h): `rows`, spaced
+/// row_stride elements apart.
+struct RowsToRequest {
+  RowsAhead rows;
+  int64_t row_stride;
+};
+
 /// tails[k * SplitBlock() + t] = rows[k][full + t] for t < cols - full, 0 up to the block's
 /// end, k < n: the partial last block of each row, so the kernels below load whole blocks
 /// without reading past a row.
@@ -112,49 +144,68 @@ HWY_INLINE void PrefetchBlock(const RowsAhead& ahead, int64_t stride, int64_t k,
   }
 }
 
-// acc[r] (rows in kRows' layout) += sum over k < n of p[r * p_stride + k] * value k's
-// block at `e` (values[k] + e, or the k-th tail block), for R rows. Requests block `e` of
-// row k of `ahead` (rows ahead_stride elements apart) as it reads value k's.
+// Block e (elements [e, e + SplitBlock())) of value rows k < n: at rows[k] + e, or the
+// k-th block of `tails` when not null (the rows' partial last blocks, GatherTails).
+template <KvRows kRows>
+struct ValueBlock {
+  const KvElement<kRows>* const* rows;
+  const KvElement<kRows>* tails;
+  int64_t e;
+  int64_t n;
+};
+
+// acc.row(r)[e, e + SplitBlock()) (rows in kRows' layout) += sum over k < values.n of
+// p.row(r)[k] * value row k's block e, for r < R. Requests block e of row k of `ahead` as
+// it reads value row k's.
 template <KvRows kRows, int R, class D>
-HWY_INLINE void AccumulateBlock(D d, const float* HWY_RESTRICT p, int64_t p_stride,
-                                const KvElement<kRows>* const* values,
-                                const KvElement<kRows>* tails, int64_t e, int64_t n,
-                                float* HWY_RESTRICT acc, int64_t acc_stride,
-                                const RowsAhead& ahead, int64_t ahead_stride) {
+HWY_INLINE void AccumulateBlock(D d, const FloatRows<const float>& p,
+                                const ValueBlock<kRows>& values, const FloatRows<float>& acc,
+                                const RowsToRequest& ahead) {
   using V = hn::Vec<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
+  // The fields as scalars for the key loop: read through `ahead` there, the prefetch
+  // address was recomputed per key instead of advanced by a stride (decode 2-3% slower).
+  const float* HWY_RESTRICT p_data = p.data;
+  float* HWY_RESTRICT acc_data = acc.data;
+  const int64_t p_stride = p.stride, acc_stride = acc.stride, e = values.e, n = values.n;
+  const KvElement<kRows>* const* value_rows = values.rows;
+  const KvElement<kRows>* tails = values.tails;
+  const RowsAhead& rows_ahead = ahead.rows;
+  const int64_t ahead_stride = ahead.row_stride;
   V first[R], second[R];
   for (int r = 0; r < R; ++r) {
-    first[r] = hn::LoadU(d, acc + r * acc_stride + e);
-    second[r] = hn::LoadU(d, acc + r * acc_stride + e + N);
+    first[r] = hn::LoadU(d, acc_data + r * acc_stride + e);
+    second[r] = hn::LoadU(d, acc_data + r * acc_stride + e + N);
   }
   for (int64_t k = 0; k < n; ++k) {
-    if (k < ahead.n) PrefetchBlock<kRows>(ahead, ahead_stride, k, e);
+    if (k < rows_ahead.n) PrefetchBlock<kRows>(rows_ahead, ahead_stride, k, e);
     V v0, v1;
-    LoadBlock<kRows>(d, tails ? tails + k * 2 * N : values[k] + e, v0, v1);
+    LoadBlock<kRows>(d, tails ? tails + k * 2 * N : value_rows[k] + e, v0, v1);
     for (int r = 0; r < R; ++r) {
-      const V pk = hn::Set(d, p[r * p_stride + k]);
+      const V pk = hn::Set(d, p_data[r * p_stride + k]);
       first[r] = hn::MulAdd(pk, v0, first[r]);
       second[r] = hn::MulAdd(pk, v1, second[r]);
     }
   }
   for (int r = 0; r < R; ++r) {
-    hn::StoreU(first[r], d, acc + r * acc_stride + e);
-    hn::StoreU(second[r], d, acc + r * acc_stride + e + N);
+    hn::StoreU(first[r], d, acc_data + r * acc_stride + e);
+    hn::StoreU(second[r], d, acc_data + r * acc_stride + e + N);
   }
 }
 
-// Scores of R q rows (kRows' layout, stride q_stride) against the N = Lanes keys of
-// ScoreKeysInPlace: K keys at a time, each key block loaded once for all R rows, R x K
-// accumulators in registers over the head dim; per-(row, key) lane partials are then
-// reduced lanewise by one ReduceLanesTree per row.
+// Scores of R q rows (kRows' layout) against the N = Lanes keys of ScoreKeysInPlace: K
+// keys at a time, each key block loaded once for all R rows, R x K accumulators in
+// registers over the head dim; per-(row, key) lane partials are then reduced lanewise by
+// one ReduceLanesTree per row.
 template <KvRows kRows, int R, class D>
-HWY_INLINE void ScoreRows(D d, const float* HWY_RESTRICT q, int64_t q_stride,
-                          const KvElement<kRows>* const* keys, int64_t full,
-                          const KvElement<kRows>* tails, float* HWY_RESTRICT scores,
-                          int64_t score_stride) {
+HWY_INLINE void ScoreRows(D d, const FloatRows<const float>& q, const InPlaceRows<kRows>& keys,
+                          const FloatRows<float>& scores) {
   using V = hn::Vec<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
+  const float* HWY_RESTRICT q_data = q.data;
+  const int64_t q_stride = q.stride, full = keys.full;
+  const KvElement<kRows>* const* key_rows = keys.rows;
+  const KvElement<kRows>* tails = keys.tails;
   // Eight accumulators: enough independent FMA chains to cover the FMA latency.
   constexpr int64_t K = std::min<int64_t>(N, R == 1 ? 8 : R == 2 ? 4 : 2);
   HWY_ALIGN float partial[R * N * N];  // [row][key][lane]
@@ -168,13 +219,13 @@ HWY_INLINE void ScoreRows(D d, const float* HWY_RESTRICT q, int64_t q_stride,
         V first, second;
         LoadBlock<kRows>(d, key_block(k0 + k), first, second);
         for (int r = 0; r < R; ++r) {
-          acc[r][k] = hn::MulAdd(first, hn::LoadU(d, q + r * q_stride + e), acc[r][k]);
-          acc[r][k] = hn::MulAdd(second, hn::LoadU(d, q + r * q_stride + e + N), acc[r][k]);
+          acc[r][k] = hn::MulAdd(first, hn::LoadU(d, q_data + r * q_stride + e), acc[r][k]);
+          acc[r][k] = hn::MulAdd(second, hn::LoadU(d, q_data + r * q_stride + e + N), acc[r][k]);
         }
       }
     };
     for (int64_t e = 0; e < full; e += 2 * N) {
-      block(e, [&](int64_t k) { return keys[k] + e; });
+      block(e, [&](int64_t k) { return key_rows[k] + e; });
     }
     if (tails) block(full, [&](int64_t k) { return tails + k * 2 * N; });
     for (int r = 0; r < R; ++r) {
@@ -184,80 +235,72 @@ HWY_INLINE void ScoreRows(D d, const float* HWY_RESTRICT q, int64_t q_stride,
   for (int r = 0; r < R; ++r) {
     V v[N];
     for (int64_t k = 0; k < N; ++k) v[k] = hn::Load(d, partial + (r * N + k) * N);
-    hn::StoreU(ReduceLanesTree(d, v, AddLanes()), d, scores + r * score_stride);
+    hn::StoreU(ReduceLanesTree(d, v, AddLanes()), d, scores.row(r));
   }
 }
 
 }  // namespace detail
 
-/// scores[r * score_stride + k] = q_r . key k for r < rows, k < N = Lanes: q rows in the
-/// operand layout of kRows (stride q_stride, padded with zeros to a whole block past
-/// `full`), keys[k] the key rows, their first `full` elements read in place (full a
-/// multiple of SplitBlock()), the rest from `tails` (GatherTails; null when nothing is
-/// left). Rows go four at a time.
+/// scores.row(r)[k] = q_r . key k for r < q.rows, k < N = Lanes: q rows in the operand
+/// layout of kRows (padded with zeros to a whole block past keys.full), keys.rows[k] the N
+/// key rows (keys.n = N). Rows go four at a time.
 template <KvRows kRows>
-HWY_INLINE void ScoreKeysInPlace(const float* HWY_RESTRICT q, int64_t rows, int64_t q_stride,
-                                 const KvElement<kRows>* const* keys, int64_t full,
-                                 const KvElement<kRows>* tails, float* HWY_RESTRICT scores,
-                                 int64_t score_stride) {
+HWY_INLINE void ScoreKeysInPlace(const FloatRows<const float>& q, const InPlaceRows<kRows>& keys,
+                                 const FloatRows<float>& scores) {
   const hn::ScalableTag<float> d;
-  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-    const float* qr = q + r0 * q_stride;
-    float* sr = scores + r0 * score_stride;
-    switch (std::min<int64_t>(rows - r0, 4)) {
+  for (int64_t r0 = 0; r0 < q.rows; r0 += 4) {
+    const FloatRows<const float> qr = q.from(r0);
+    const FloatRows<float> sr = scores.from(r0);
+    switch (std::min<int64_t>(q.rows - r0, 4)) {
       case 1:
-        detail::ScoreRows<kRows, 1>(d, qr, q_stride, keys, full, tails, sr, score_stride);
+        detail::ScoreRows<kRows, 1>(d, qr, keys, sr);
         break;
       case 2:
-        detail::ScoreRows<kRows, 2>(d, qr, q_stride, keys, full, tails, sr, score_stride);
+        detail::ScoreRows<kRows, 2>(d, qr, keys, sr);
         break;
       case 3:
-        detail::ScoreRows<kRows, 3>(d, qr, q_stride, keys, full, tails, sr, score_stride);
+        detail::ScoreRows<kRows, 3>(d, qr, keys, sr);
         break;
       default:
-        detail::ScoreRows<kRows, 4>(d, qr, q_stride, keys, full, tails, sr, score_stride);
+        detail::ScoreRows<kRows, 4>(d, qr, keys, sr);
     }
   }
 }
 
-/// acc[r * acc_stride, +ev) (rows in the operand layout of kRows) += sum over k < n of
-/// p[r * p_stride + k] * value row k, r < rows: values[k] the value rows, read in place up
-/// to `full` (a multiple of SplitBlock()), then from `tails` (null when full covers the
-/// rows). Rows go four at a time, their accumulators held in registers over the n keys of
-/// each block. Rows [0, ahead.n) of `ahead` (ahead_stride elements apart, ev elements each)
-/// are requested into L2 on the way, block by block with the value rows read.
+/// acc.row(r)[0, values.cols) (rows in the operand layout of kRows) += sum over
+/// k < values.n of p.row(r)[k] * value row k, r < p.rows. Rows go four at a time, their
+/// accumulators held in registers over the n keys of each block. Rows [0, ahead.rows.n)
+/// of `ahead` (values.cols elements each) are requested into L2 on the way, block by
+/// block with the value rows read.
 template <KvRows kRows>
-HWY_INLINE void AccumulateValuesInPlace(const float* HWY_RESTRICT p, int64_t rows,
-                                        int64_t p_stride, const KvElement<kRows>* const* values,
-                                        int64_t n, int64_t full, const KvElement<kRows>* tails,
-                                        float* HWY_RESTRICT acc, int64_t acc_stride, int64_t ev,
-                                        const RowsAhead& ahead, int64_t ahead_stride) {
+HWY_INLINE void AccumulateValuesInPlace(const FloatRows<const float>& p,
+                                        const InPlaceRows<kRows>& values,
+                                        const FloatRows<float>& acc, const RowsToRequest& ahead) {
   const hn::ScalableTag<float> d;
   constexpr int64_t B = SplitBlock();
+  const int64_t rows = p.rows, n = values.n, full = values.full;
   for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-    const float* pr = p + r0 * p_stride;
-    float* ar = acc + r0 * acc_stride;
-    const RowsAhead request = r0 == 0 ? ahead : RowsAhead{};
+    const FloatRows<const float> pr = p.from(r0);
+    const FloatRows<float> ar = acc.from(r0);
+    const RowsToRequest request{r0 == 0 ? ahead.rows : RowsAhead{}, ahead.row_stride};
     const auto run = [&](int64_t e, const KvElement<kRows>* t) HWY_ATTR {
+      const detail::ValueBlock<kRows> block{values.rows, t, e, n};
       switch (std::min<int64_t>(rows - r0, 4)) {
         case 1:
-          return detail::AccumulateBlock<kRows, 1>(d, pr, p_stride, values, t, e, n, ar,
-                                                   acc_stride, request, ahead_stride);
+          return detail::AccumulateBlock<kRows, 1>(d, pr, block, ar, request);
         case 2:
-          return detail::AccumulateBlock<kRows, 2>(d, pr, p_stride, values, t, e, n, ar,
-                                                   acc_stride, request, ahead_stride);
+          return detail::AccumulateBlock<kRows, 2>(d, pr, block, ar, request);
         case 3:
-          return detail::AccumulateBlock<kRows, 3>(d, pr, p_stride, values, t, e, n, ar,
-                                                   acc_stride, request, ahead_stride);
+          return detail::AccumulateBlock<kRows, 3>(d, pr, block, ar, request);
         default:
-          return detail::AccumulateBlock<kRows, 4>(d, pr, p_stride, values, t, e, n, ar,
-                                                   acc_stride, request, ahead_stride);
+          return detail::AccumulateBlock<kRows, 4>(d, pr, block, ar, request);
       }
     };
     for (int64_t e = 0; e < full; e += B) run(e, nullptr);
-    if (tails) run(full, tails);
+    if (values.tails) run(full, values.tails);
   }
-  PrefetchRows(ahead, ahead_stride, ev, n, ahead.n);  // rows past this tile's keys
+  // rows past this tile's keys
+  PrefetchRows(ahead.rows, ahead.row_stride, values.cols, n, ahead.rows.n);
 }
 
 #endif  // HWY_TARGET != HWY_SCALAR
