@@ -48,8 +48,14 @@ struct KeyTileRow {
   int64_t j0;
   int64_t cols;
 
-  int64_t lo() const { return std::clamp<int64_t>(keep.begin - j0, 0, cols); }
-  int64_t hi() const { return std::clamp<int64_t>(keep.end - j0, lo(), cols); }
+  /// The kept keys as lanes [lo, hi) of the tile row.
+  struct Lanes {
+    int64_t lo, hi;
+  };
+  Lanes lanes() const {
+    const int64_t lo = std::clamp<int64_t>(keep.begin - j0, 0, cols);
+    return {lo, std::clamp<int64_t>(keep.end - j0, lo, cols)};
+  }
 };
 
 /// Query rows [q_begin, q_begin + rows) in key tile [j0, j0 + cols), row r keeping keys[r].
@@ -74,11 +80,11 @@ HWY_INLINE void AlibiTile(const HeadMasking& m, const KeyTileRows& tile,
   }
 }
 
-/// Adds the additive terms (dense float mask over the row's kept lanes, ALiBi unless
-/// `alibi_done`) to score row s of `row`.
-HWY_INLINE void AddScoreTerms(const HeadMasking& m, const KeyTileRow& row, float* HWY_RESTRICT s,
-                              bool alibi_done = false) {
-  const int64_t lo = row.lo(), hi = row.hi();
+/// Adds the additive terms (dense float mask over the row's kept lanes [lo, hi) =
+/// row.lanes(), ALiBi unless `alibi_done`) to score row s of `row`.
+HWY_INLINE void AddScoreTerms(const HeadMasking& m, const KeyTileRow& row, KeyTileRow::Lanes kept,
+                              float* HWY_RESTRICT s, bool alibi_done) {
+  const auto [lo, hi] = kept;
   if (m.dense.additive()) m.dense.apply(row.i, row.j0 + lo, hi - lo, s + lo);
   const AlibiRow alibi = alibi_row(m.mask, m.h, row.i, m.q_len, m.kv_len);
   // Lanes outside [lo, hi) are masked afterwards.
@@ -101,11 +107,12 @@ struct TileMaskDone {
 /// row as score_mod sees it (for the backward).
 HWY_INLINE void MaskScoreRow(const HeadMasking& m, const KeyTileRow& row, float* HWY_RESTRICT s,
                              float* HWY_RESTRICT mod_input = nullptr, TileMaskDone done = {}) {
-  const int64_t lo = row.lo(), hi = row.hi();
+  const KeyTileRow::Lanes kept = row.lanes();
+  const auto [lo, hi] = kept;
   const flex::HWY_NAMESPACE::EvalSite site{m.b, m.h, row.i, 1, row.j0};
   flex::RowState* flex_state = m.flex;
   if (!done.score_mod) {
-    AddScoreTerms(m, row, s, done.alibi);
+    AddScoreTerms(m, row, kept, s, done.alibi);
     if (mod_input) std::copy(s, s + kBlockKv, mod_input);
     if (flex_state && flex_state->score_mod && hi > lo) {
       flex::HWY_NAMESPACE::ApplyScoreMod(*flex_state->score_mod, site, s, lo, hi);
@@ -138,9 +145,10 @@ HWY_INLINE void ScoreModTile(const HeadMasking& m, const KeyTileRows& tile,
   int64_t lo[kBlockQ], hi[kBlockQ];
   for (int64_t r = 0; r < tile.rows; ++r) {
     const KeyTileRow row = tile.row(r);
-    lo[r] = row.lo();
-    hi[r] = row.hi();
-    AddScoreTerms(m, row, scores + r * kBlockKv, alibi_done);
+    const KeyTileRow::Lanes kept = row.lanes();
+    lo[r] = kept.lo;
+    hi[r] = kept.hi;
+    AddScoreTerms(m, row, kept, scores + r * kBlockKv, alibi_done);
   }
   flex::HWY_NAMESPACE::ApplyScoreModRows(
       *m.flex->score_mod, {m.b, m.h, tile.q_begin, tile.rows, tile.j0},
@@ -153,7 +161,8 @@ HWY_INLINE void ScoreModTile(const HeadMasking& m, const KeyTileRows& tile,
 /// key of the hull is kept, so that the kernel computes and masks only the row's support,
 /// as for a native band (causal, window and document masks give intervals).
 HWY_INLINE bool FlexRowSupport(const HeadMasking& m, KeyTileRow& row) {
-  const int64_t lo = row.lo(), hi = row.hi(), j0 = row.j0;
+  const auto [lo, hi] = row.lanes();
+  const int64_t j0 = row.j0;
   flex::RowState& flex_state = *m.flex;
   const int64_t bs = flex_state.blocks.kv_block_size();
   const flex::HWY_NAMESPACE::EvalSite site{m.b, m.h, row.i, 1, j0};
