@@ -107,8 +107,11 @@ AttentionParams make_backward_params(const Tensor& grad_out, const Tensor& q, co
 struct Reasons {
   bool collect = true;
   std::vector<std::string> items;
-  void add(std::string reason) {
-    if (collect) items.push_back(std::move(reason));
+  /// Appends the concatenation of `parts` (strings and string literals). Selection runs
+  /// the checks with collect = false on every call: nothing is built then.
+  template <class... Parts>
+  void add(const Parts&... parts) {
+    if (collect) items.push_back((std::string() + ... + parts));
   }
 };
 

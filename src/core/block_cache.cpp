@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -25,10 +26,24 @@ Cache& cache() {
 
 size_t rounded(size_t bytes) { return (bytes + kLargeBlock - 1) / kLargeBlock * kLargeBlock; }
 
+// Small blocks: malloc'd with room to align, the malloc'd address stored just before the
+// aligned one. glibc's aligned_alloc carves each block out of a larger chunk and frees
+// the pieces around it, about five times a malloc's work; a tiny attention call
+// allocates several small blocks (output, lse, per-thread scratch).
+void* acquire_small(size_t bytes) {
+  void* raw = std::malloc(bytes + kAlignment);
+  if (raw == nullptr) return nullptr;
+  const auto aligned = (reinterpret_cast<uintptr_t>(raw) + kAlignment) & ~(kAlignment - 1);
+  reinterpret_cast<void**>(aligned)[-1] = raw;  // malloc aligns to 16 > sizeof(void*)
+  return reinterpret_cast<void*>(aligned);
+}
+
+void release_small(void* block) { std::free(static_cast<void**>(block)[-1]); }
+
 }  // namespace
 
 void* acquire_block(size_t bytes) {
-  if (bytes < kLargeBlock) return std::aligned_alloc(kAlignment, bytes);
+  if (bytes < kLargeBlock) return acquire_small(bytes);
   const size_t size = rounded(bytes);
   {
     Cache& c = cache();
@@ -48,8 +63,12 @@ void* acquire_block(size_t bytes) {
 
 void release_block(void* block, size_t bytes) {
   if (block == nullptr) return;
-  if (bytes >= kLargeBlock) {
-    const size_t size = rounded(bytes);
+  if (bytes < kLargeBlock) {
+    release_small(block);
+    return;
+  }
+  const size_t size = rounded(bytes);
+  {
     Cache& c = cache();
     const std::lock_guard<std::mutex> lock(c.mutex);
     if (c.bytes + size <= kCacheLimit) {

@@ -15,7 +15,7 @@ constexpr int64_t kFlashCpuMaxHeadDim = 1024;
 
 bool check_cpu_device(const AttentionParams& p, Reasons& r) {
   if (p.device.type == DeviceType::kCPU) return true;
-  r.add("tensors are on " + device_name(p.device) + "; this backend runs on cpu");
+  r.add("tensors are on ", device_name(p.device), "; this backend runs on cpu");
   return false;
 }
 
@@ -27,8 +27,10 @@ bool check_flash_cpu_dtype(const AttentionParams& p, Reasons& r) {
 
 bool check_flash_cpu_head_dim(const AttentionParams& p, Reasons& r) {
   if (p.head_dim_qk <= kFlashCpuMaxHeadDim && p.head_dim_vo <= kFlashCpuMaxHeadDim) return true;
-  r.add("head_dim " + std::to_string(p.head_dim_qk) + "/" + std::to_string(p.head_dim_vo) +
-        " exceeds " + std::to_string(kFlashCpuMaxHeadDim));
+  if (r.collect) {
+    r.add("head_dim ", std::to_string(p.head_dim_qk), "/", std::to_string(p.head_dim_vo),
+          " exceeds ", std::to_string(kFlashCpuMaxHeadDim));
+  }
   return false;
 }
 

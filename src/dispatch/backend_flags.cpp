@@ -9,7 +9,7 @@
 namespace sdpa {
 namespace {
 
-constexpr size_t kNumBackends = 5;
+using detail::kNumBackends;
 std::array<std::atomic<bool>, kNumBackends> g_enabled{true, true, true, true, true};
 
 std::atomic<bool>& flag(SDPBackend b) { return g_enabled[static_cast<size_t>(b)]; }
@@ -66,13 +66,26 @@ bool flag_enabled(SDPBackend backend) {
 }
 }  // namespace detail
 
-std::vector<SDPBackend> active_backends() {
-  if (const auto* guard = detail::current_guard()) return *guard;
-  std::vector<SDPBackend> out;
-  for (SDPBackend b : default_priority_order()) {
-    if (flag(b).load()) out.push_back(b);
+namespace detail {
+BackendList active_backend_list() {
+  BackendList list;
+  const auto append = [&list](SDPBackend b) {
+    if (list.count < kNumBackends) list.items[list.count++] = b;
+  };
+  if (const auto* guard = current_guard()) {
+    for (SDPBackend b : *guard) append(b);  // sdpa_kernel keeps each backend once
+  } else {
+    for (SDPBackend b : default_priority_order()) {
+      if (flag(b).load()) append(b);
+    }
   }
-  return out;
+  return list;
+}
+}  // namespace detail
+
+std::vector<SDPBackend> active_backends() {
+  const detail::BackendList list = detail::active_backend_list();
+  return {list.span().begin(), list.span().end()};
 }
 
 namespace backends {

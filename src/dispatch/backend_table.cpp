@@ -42,7 +42,13 @@ void forward_into(const BackendImpl& impl, const AttentionParams& params, const 
   SDPA_CHECK(impl.forward != nullptr, backend_name(impl.id),
              " has no forward kernel in this build");
   check_host(params, impl);
-  impl.forward(impl.native_bias ? params : with_materialized_bias(params), out, lse);
+  // Two calls, not a conditional expression: that would copy `params` (its tensors'
+  // shapes included) on every call.
+  if (impl.native_bias) {
+    impl.forward(params, out, lse);
+  } else {
+    impl.forward(with_materialized_bias(params), out, lse);
+  }
 }
 
 void backward_into(const BackendImpl& impl, const AttentionParams& params,
@@ -50,7 +56,11 @@ void backward_into(const BackendImpl& impl, const AttentionParams& params,
   SDPA_CHECK(impl.backward != nullptr, backend_name(impl.id),
              " has no backward kernel in this build");
   check_host(params, impl);
-  impl.backward(impl.native_bias ? params : with_materialized_bias(params), outputs);
+  if (impl.native_bias) {
+    impl.backward(params, outputs);
+  } else {
+    impl.backward(with_materialized_bias(params), outputs);
+  }
 }
 
 ForwardOutputs allocate_forward_outputs(const AttentionParams& p) {

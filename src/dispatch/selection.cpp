@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "dispatch/backend_impl.h"
+#include "dispatch/backend_state.h"
 #include "sdpa/flex.h"
 
 namespace sdpa {
@@ -32,7 +33,7 @@ bool can_use(SDPBackend backend, const AttentionParams& params, Reasons* reasons
     return false;
   }
   bool ok = true;
-  if (!is_allowed(backend, active_backends())) {
+  if (!detail::active_backend_list().contains(backend)) {
     r.add("disabled (not allowed by the active sdpa_kernel guard or enable flags)");
     ok = false;
     if (!r.collect) return false;
@@ -93,7 +94,7 @@ std::string Explanation::to_string() const {
 }
 
 SDPBackend select_backend(const AttentionParams& params) {
-  return detail::select_from(params, active_backends());
+  return detail::select_from(params, detail::active_backend_list().span());
 }
 
 namespace detail {

@@ -18,7 +18,7 @@ bool check_built_with_cudnn(const AttentionParams&, Reasons& r) {
 
 bool check_cuda_device(const AttentionParams& p, Reasons& r) {
   if (p.device.type == DeviceType::kCUDA) return true;
-  r.add("tensors are on " + device_name(p.device) + "; this backend needs CUDA tensors");
+  r.add("tensors are on ", device_name(p.device), "; this backend needs CUDA tensors");
   return false;
 }
 

@@ -12,6 +12,7 @@
 
 #include "cpu/online_softmax.h"
 #include "dispatch/backend_impl.h"
+#include "dispatch/backend_state.h"
 #include "registry/registry_impl.h"
 
 namespace sdpa::registry {
@@ -123,7 +124,7 @@ Tensor cpu_materialize_bias(const AttentionParams& p) {
 SDPBackend cpu_backend_for(const AttentionParams& params, SDPBackend chosen) {
   if (chosen == SDPBackend::MATH || chosen == SDPBackend::FLASH_ATTENTION) return chosen;
   std::vector<SDPBackend> cpu;
-  for (SDPBackend b : active_backends()) {
+  for (SDPBackend b : detail::active_backend_list().span()) {
     if (b == SDPBackend::MATH || b == SDPBackend::FLASH_ATTENTION) cpu.push_back(b);
   }
   if (cpu.empty()) cpu = {SDPBackend::FLASH_ATTENTION, SDPBackend::MATH};

@@ -11,7 +11,7 @@ namespace {
 
 bool check_external_device(const AttentionParams& p, Reasons& r) {
   if (p.device.type == DeviceType::kExternal) return true;
-  r.add("tensors are on " + device_name(p.device) +
+  r.add("tensors are on ", device_name(p.device),
         "; OVERRIDEABLE serves tensors on an external device");
   return false;
 }
@@ -23,7 +23,7 @@ bool check_backend_registered(const AttentionParams& p, Reasons& reasons) {
     std::shared_lock lock(r.mu);
     if (r.key_for(p.device) >= 0) return true;
   }
-  reasons.add("no external backend is registered for " + device_name(p.device));
+  reasons.add("no external backend is registered for ", device_name(p.device));
   return false;
 }
 
@@ -51,7 +51,7 @@ bool check_backend_checks(const AttentionParams& p, Reasons& reasons) {
     ok = false;
     if (!reasons.collect) return false;
     if (local.items.empty()) local.items.push_back("check '" + check_name + "' failed");
-    for (const std::string& reason : local.items) reasons.add(name + ": " + reason);
+    for (const std::string& reason : local.items) reasons.add(name, ": ", reason);
   }
   return ok;
 }
