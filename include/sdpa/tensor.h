@@ -11,10 +11,9 @@
 #include <vector>
 
 #include "sdpa/dtype.h"
+#include "sdpa/shape.h"
 
 namespace sdpa {
-
-using Shape = std::vector<int64_t>;
 
 /// Alignment in bytes of every buffer the library allocates (one cache line, and the
 /// widest SIMD load on AVX-512).

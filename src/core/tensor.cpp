@@ -9,6 +9,13 @@
 #include "sdpa/error.h"
 
 namespace sdpa {
+
+namespace detail {
+void throw_too_many_dims(size_t dims) {
+  throw_error("tensor: expected at most ", Shape::kMaxDims, " dimensions, got ", dims);
+}
+}  // namespace detail
+
 namespace {
 
 int64_t wrap_dim(int64_t d, int64_t ndim, const char* what) {

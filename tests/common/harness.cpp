@@ -25,7 +25,7 @@ int64_t numel_of(const Shape& shape) {
   return n;
 }
 
-std::string index_str(const std::vector<int64_t>& sizes, int64_t linear) {
+std::string index_str(const Shape& sizes, int64_t linear) {
   std::vector<int64_t> idx(sizes.size());
   for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
     const int64_t s = std::max<int64_t>(sizes[d], 1);

@@ -137,7 +137,7 @@ Inputs make_inputs(const SweepCase& c) {
   Shape lead = c.unbatched ? Shape{} : Shape{c.batch};
   auto with_lead = [&](Shape rest) {
     Shape s = lead;
-    s.insert(s.end(), rest.begin(), rest.end());
+    for (int64_t d : rest) s.push_back(d);
     return s;
   };
   switch (c.mask) {
