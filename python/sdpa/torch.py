@@ -55,11 +55,18 @@ def _unsigned(s: int) -> int:
 # 2 us a tensor, a tiny call's whole kernel time, and each Python-level step of a call
 # costs tenths of a microsecond. A torch without one of the queries cannot tell what
 # records a call: every call then takes the op.
-_C.register_torch(Tensor, torch._C._to_dlpack, torch._C._from_dlpack,
-                  getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None),
-                  getattr(_python_dispatch, "is_in_torch_dispatch_mode", None),
-                  getattr(torch._C, "_is_torch_function_mode_enabled", None),
-                  torch.is_grad_enabled)
+def _register_torch(exchange_api: Any = getattr(Tensor, "__dlpack_c_exchange_api__", None)):
+    """Hands torch's functions to the bindings; exchange_api None makes them use
+    torch._C._to_dlpack / _from_dlpack (as on a torch before 2.10). Returns whether they
+    use the exchange table."""
+    return _C.register_torch(Tensor, torch._C._to_dlpack, torch._C._from_dlpack, exchange_api,
+                      getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None),
+                      getattr(_python_dispatch, "is_in_torch_dispatch_mode", None),
+                      getattr(torch._C, "_is_torch_function_mode_enabled", None),
+                      torch.is_grad_enabled)
+
+
+_register_torch()
 
 
 def _run(query, key, value, attn_mask, bias, dropout_p, is_causal, scale, enable_gqa,

@@ -15,25 +15,11 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
+#include "dlpack_versioned.h"
 #include "sdpa/dlpack.h"
 
 namespace sdpa::python {
 namespace {
-
-// DLPack 1.0's versioned struct; Debian's dlpack.h (0.6) predates it. The layout is part
-// of the stable DLPack ABI.
-struct DLPackVersion {
-  uint32_t major;
-  uint32_t minor;
-};
-struct DLManagedTensorVersioned {
-  DLPackVersion version;
-  void* manager_ctx;
-  void (*deleter)(DLManagedTensorVersioned* self);
-  uint64_t flags;
-  DLTensor dl_tensor;
-};
-constexpr uint32_t kDLPackMajor = 1;
 
 constexpr const char* kLegacyName = "dltensor";
 constexpr const char* kLegacyUsedName = "used_dltensor";
@@ -53,21 +39,6 @@ DLManagedTensor* wrap_versioned(DLManagedTensorVersioned* versioned) {
     delete self;
   };
   return legacy;
-}
-
-// The legacy export, re-wrapped as DLPack 1.0 (sdpa::to_dlpack returns the legacy struct).
-DLManagedTensorVersioned* make_versioned(DLManagedTensor* legacy) {
-  auto* v = new DLManagedTensorVersioned{};
-  v->version = {kDLPackMajor, 0};
-  v->manager_ctx = legacy;
-  v->flags = 0;
-  v->dl_tensor = legacy->dl_tensor;
-  v->deleter = [](DLManagedTensorVersioned* self) {
-    auto* l = static_cast<DLManagedTensor*>(self->manager_ctx);
-    if (l->deleter) l->deleter(l);
-    delete self;
-  };
-  return v;
 }
 
 // Capsule destructors: free the tensor only if no consumer took it (name unchanged).
@@ -109,7 +80,7 @@ nb::object tensor_dlpack(const Tensor& self, nb::handle stream,
   }
   Tensor exported = (copy && *copy) ? self.clone() : self;
   if (max_version && std::get<0>(*max_version) >= static_cast<int>(kDLPackMajor)) {
-    DLManagedTensorVersioned* v = make_versioned(to_dlpack(exported));
+    DLManagedTensorVersioned* v = export_versioned(std::move(exported));
     PyObject* cap = PyCapsule_New(v, kVersionedName, versioned_capsule_destructor);
     if (cap == nullptr) {
       v->deleter(v);
@@ -123,6 +94,22 @@ nb::object tensor_dlpack(const Tensor& self, nb::handle stream,
 std::vector<int64_t> to_vector(const Shape& s) { return {s.begin(), s.end()}; }
 
 }  // namespace
+
+DLManagedTensorVersioned* export_versioned(Tensor tensor) {
+  // sdpa::to_dlpack's legacy export owns the tensor; the versioned struct owns that.
+  DLManagedTensor* legacy = to_dlpack(tensor);
+  auto* v = new DLManagedTensorVersioned{};
+  v->version = {kDLPackMajor, 0};
+  v->manager_ctx = legacy;
+  v->flags = 0;
+  v->dl_tensor = legacy->dl_tensor;
+  v->deleter = [](DLManagedTensorVersioned* self) {
+    auto* l = static_cast<DLManagedTensor*>(self->manager_ctx);
+    if (l->deleter) l->deleter(l);
+    delete self;
+  };
+  return v;
+}
 
 Tensor import_tensor(nb::handle obj, const char* arg) {
   if (nb::isinstance<Tensor>(obj)) return nb::cast<const Tensor&>(obj);

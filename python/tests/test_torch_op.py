@@ -431,8 +431,20 @@ def _fast_cases():
     ]
 
 
+@pytest.fixture(params=["exchange_table", "capsules"])
+def dlpack_route(request):
+    """Runs a test through torch's DLPack C exchange table and again through
+    torch._C._to_dlpack / _from_dlpack capsules (a torch before 2.10)."""
+    if request.param == "capsules":
+        assert not sdpa.torch._register_torch(None)
+        request.addfinalizer(sdpa.torch._register_torch)
+    else:
+        assert sdpa.torch._register_torch() == hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+    return request.param
+
+
 @pytest.mark.parametrize("case", [c[0] for c in _fast_cases()])
-def test_eager_fast_path_matches_float64_reference(case):
+def test_eager_fast_path_matches_float64_reference(case, dlpack_route):
     import attention_reference as ref
 
     _, q, k, v, kw = next(c for c in _fast_cases() if c[0] == case)
@@ -460,7 +472,7 @@ def test_eager_fast_path_matches_float64_reference(case):
 
 @pytest.mark.parametrize("case", ["odd_shapes_ev", "gqa_causal", "bshd_strides",
                                   "step_and_broadcast", "float_mask_gqa"])
-def test_eager_gradients_match_float64_reference(case):
+def test_eager_gradients_match_float64_reference(case, dlpack_route):
     import attention_reference as ref
 
     _, q, k, v, kw = next(c for c in _fast_cases() if c[0] == case)
