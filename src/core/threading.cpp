@@ -66,6 +66,13 @@ void note_worker_start(int64_t late_ns) {
   }
 }
 
+bool team_exists(int threads) {
+  thread_local int largest_team = 1;
+  if (threads <= largest_team) return true;
+  largest_team = threads;
+  return false;
+}
+
 void clear_contention() { g_contended_until_ns.store(0, std::memory_order_relaxed); }
 
 }  // namespace detail

@@ -112,6 +112,12 @@ inline int64_t now_ns() {
 /// Records a worker's start `late_ns` after its region opened (kLateWorkerNs).
 void note_worker_start(int64_t late_ns);
 
+/// Whether the calling thread has opened a region of `threads` threads before; records
+/// that it now does. libgomp keeps a pool of workers per calling thread and creates them
+/// in the first region that needs them, which starts them 3-4 ms late on the development
+/// VM with the machine idle: not a sign of contention.
+bool team_exists(int threads);
+
 /// Forgets a late worker (tests).
 void clear_contention();
 
@@ -123,10 +129,11 @@ void clear_contention();
 template <typename Region>
 void run_region(int threads, Region&& region) {
   if (threads <= 1) return region();
+  const bool timed = team_exists(threads);
   const int64_t opened = now_ns();
 #pragma omp parallel num_threads(threads)
   {
-    if (omp_get_thread_num() != 0) note_worker_start(now_ns() - opened);
+    if (timed && omp_get_thread_num() != 0) note_worker_start(now_ns() - opened);
     region();
   }
 }

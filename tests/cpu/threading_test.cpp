@@ -82,6 +82,19 @@ TEST(Threading, LateWorkerKeepsSmallRegionsOnTheCallingThread) {
   EXPECT_EQ(ThreadingContext::current().threads_for(1000, small), before);
 }
 
+TEST(Threading, OnlyRegionsOfAnExistingTeamAreTimed) {
+  // libgomp creates a calling thread's workers in its first region that needs them; their
+  // late start then is not contention. Each calling thread has its own pool.
+  std::thread([] {
+    EXPECT_TRUE(detail::team_exists(1));
+    EXPECT_FALSE(detail::team_exists(3));
+    EXPECT_TRUE(detail::team_exists(3));
+    EXPECT_TRUE(detail::team_exists(2));
+    EXPECT_FALSE(detail::team_exists(4));
+  }).join();
+  std::thread([] { EXPECT_FALSE(detail::team_exists(2)); }).join();
+}
+
 TEST(Threading, SetNumThreadsValidatesAndHoldsForEveryThread) {
   const ClearNumThreads clear;
   for (int bad : {0, -1}) {
