@@ -3,7 +3,8 @@
 // uses_bf16_dot() holds only at this level), the softmax that writes bf16 P
 // (softmax_bf16-inl.h), and key tiles whose q.k^T and softmax are fused in registers
 // (qk_softmax_bf16-inl.h, qk_softmax_f32-inl.h: a 6-row tile's 64 scores need AVX-512's
-// 32 registers), whose row sums wait in lanes until FoldLaneSums (lazy_softmax-inl.h).
+// 32 registers; float32 tiles computed in memory take the same register softmax), whose
+// row sums wait in lanes until FoldLaneSums (lazy_softmax-inl.h).
 // Include after foreach_target.h; other targets see nothing here.
 
 #if defined(SDPA_CPU_AVX512_KERNELS_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -32,6 +33,7 @@ struct Avx512Kernels {
   static constexpr auto& SoftmaxToBf16 = SoftmaxTileToBf16;
   static constexpr auto& QkSoftmaxBf16 = QkSoftmaxTileBf16;
   static constexpr auto& QkSoftmaxF32 = QkSoftmaxTileF32;
+  static constexpr auto& SoftmaxLazyF32 = SoftmaxTileLazyF32;
   static constexpr auto& FoldLaneSums = FoldSumLanes;
 };
 #endif

@@ -39,7 +39,8 @@ struct TileRows {
 
 // Scores of tile t (q.k^T, biases, score_mod, masks), then the online softmax of
 // ws.partial: P goes to ws.p_bf16 when p_in_bf16, else over ws.scores. Target: the
-// target's traits (TargetKernels).
+// target's traits (TargetKernels); with fused tiles, a float32 tile takes their lazy
+// softmax (its row sums then wait in ws.partial.l_lanes).
 template <class Target>
 void ScoresAndSoftmax(const ForwardCall& call, const TileRows& tr, const PackedKv::Tile& t,
                       FlashScratch& ws) {
@@ -75,6 +76,9 @@ void ScoresAndSoftmax(const ForwardCall& call, const TileRows& tr, const PackedK
   const ScoreRows scores{ws.scores, rows, score_scale};
   if constexpr (Target::kBf16Dot) {
     if (tr.p_in_bf16) return Target::SoftmaxToBf16(scores, ws.partial, ws.p_bf16);
+  }
+  if constexpr (Target::kFusedTiles) {
+    if (!ws.bf16_dot) return Target::SoftmaxLazyF32(scores, ws.partial);
   }
   SoftmaxTile(scores, tr.support, ws.partial);
 }
@@ -191,6 +195,10 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
           Target::QkSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk}, ws.partial,
                                ws.scores);
         }
+      }
+      // Float32 tiles all take the lazy softmax (ScoresAndSoftmax's too): their row sums
+      // stay in lanes. A bf16 tile that is not fused needs them in l.
+      if (fused || !bf16) {
         sums_in_lanes = true;
       } else if (sums_in_lanes) {
         Target::FoldLaneSums(ws.partial, rows);

@@ -1,9 +1,10 @@
 // q.k^T and the online softmax of one float32 key tile without masks or biases, fused: a
 // register tile holds six query rows' scores for all kBlockKv keys, so the softmax runs on
 // the registers the FMAs leave (lazy max: lazy_softmax-inl.h) and only P reaches memory.
-// The unfused path (Gemm, then SoftmaxTile) stores the scores, reads them back for the
-// row maxes and again for the exponentials. AVX-512 target only (32 vector registers);
-// include after foreach_target.h.
+// Tiles that biases, score_mods or masks change are computed in memory first and then
+// take the same register softmax (SoftmaxTileLazyF32): one load of the scores instead of
+// SoftmaxTile's max pass and exponential pass. AVX-512 target only (32 vector
+// registers); include after foreach_target.h.
 
 #if defined(SDPA_CPU_QK_SOFTMAX_F32_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef SDPA_CPU_QK_SOFTMAX_F32_INL_H_
@@ -28,25 +29,11 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 #if HWY_TARGET == HWY_AVX3
-// Rows [0, kRows) of a query block: scores = q . k^T, then the lazy-max online softmax of
-// `state`'s rows; P rows (kBlockKv floats) go to p.
-template <int kRows>
-HWY_INLINE void QkSoftmaxRowsF32(const QueryRows<float>& q, const KeyTile<float>& k,
-                                 const SoftmaxRows& state, float* HWY_RESTRICT p) {
-  constexpr int kVecs = static_cast<int>(kBlockKv / 16);
-    __m512 acc[kRows][kVecs];
-  for (int r = 0; r < kRows; ++r) {
-    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
-  }
-  for (int64_t e = 0; e < k.depth; ++e) {
-    __m512 kv[kVecs];
-    for (int v = 0; v < kVecs; ++v) kv[v] = _mm512_loadu_ps(k.k + e * kBlockKv + 16 * v);
-    for (int r = 0; r < kRows; ++r) {
-      const __m512 qv = _mm512_set1_ps(q.q[r * q.ld + e]);
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_fmadd_ps(qv, kv[v], acc[r][v]);
-    }
-  }
-
+// The lazy-max online softmax of register-tile rows [0, kRows): acc[r] holds row r's
+// kBlockKv scores (in the softmax's units); P rows (kBlockKv floats) go to p.
+template <int kRows, int kVecs>
+HWY_INLINE void SoftmaxRegisterRowsF32(__m512 (&acc)[kRows][kVecs], const SoftmaxRows& state,
+                                       float* HWY_RESTRICT p) {
   const hn::Full512<float> d;
   using V = hn::Vec512<float>;
   const V log2e = hn::Set(d, kLog2e);
@@ -63,13 +50,35 @@ HWY_INLINE void QkSoftmaxRowsF32(const QueryRows<float>& q, const KeyTile<float>
     V sum = hn::Load(d, lanes);
     for (int v = 0; v < kVecs; ++v) {
       const V t = hn::MulSub(V{acc[r][v]}, log2e, off);
-      // A key scoring -inf (an infinite input) drops out, as in SoftmaxTile; NaN stays.
+      // A key scoring -inf (masked, or an infinite input) drops out, as in SoftmaxTile;
+      // NaN stays.
       const V e = Exp2OrZero<false, true>(d, ExpKeep(t.raw, -125.5f), t);
       sum = hn::Add(sum, e);
       hn::StoreU(e, d, out + 16 * v);
     }
     hn::Store(sum, d, lanes);
   }
+}
+
+// Rows [0, kRows) of a query block: scores = q . k^T, then the lazy-max online softmax of
+// `state`'s rows; P rows (kBlockKv floats) go to p.
+template <int kRows>
+HWY_INLINE void QkSoftmaxRowsF32(const QueryRows<float>& q, const KeyTile<float>& k,
+                                 const SoftmaxRows& state, float* HWY_RESTRICT p) {
+  constexpr int kVecs = static_cast<int>(kBlockKv / 16);
+  __m512 acc[kRows][kVecs];
+  for (int r = 0; r < kRows; ++r) {
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t e = 0; e < k.depth; ++e) {
+    __m512 kv[kVecs];
+    for (int v = 0; v < kVecs; ++v) kv[v] = _mm512_loadu_ps(k.k + e * kBlockKv + 16 * v);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 qv = _mm512_set1_ps(q.q[r * q.ld + e]);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_fmadd_ps(qv, kv[v], acc[r][v]);
+    }
+  }
+  SoftmaxRegisterRowsF32<kRows>(acc, state, p);
 }
 
 /// Fused q.k^T and online softmax of a key tile no mask, bias or score_mod touches, for
@@ -82,6 +91,25 @@ HWY_INLINE void QkSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<float>
   // Six rows: 24 accumulators, as Gemm's register tile.
   ForRegisterTiles<6>(q.rows, [&](int64_t r, auto tile_rows) {
     QkSoftmaxRowsF32<decltype(tile_rows)::value>(q.from(r), k, state.from(r), p + r * kBlockKv);
+  });
+}
+
+/// The online softmax of a float32 score tile computed and masked in memory (biases,
+/// score_mod, masks: -inf lanes drop out), with the fused tiles' lazy max: `scores` rows
+/// [0, scores.rows) of kBlockKv floats, scale 1 (q carries it), become P in place. Same
+/// state updates as QkSoftmaxTileF32, so that tiles of either kind follow each other
+/// without FoldSumLanes; SoftmaxTile's max pass over memory and its per-row rescale
+/// become one register pass.
+HWY_INLINE void SoftmaxTileLazyF32(const ScoreRows& scores, const SoftmaxRows& state) {
+  constexpr int kVecs = static_cast<int>(kBlockKv / 16);
+  ForRegisterTiles<6>(scores.rows, [&](int64_t r, auto tile_rows) {
+    constexpr int kRows = decltype(tile_rows)::value;
+    float* rows = scores.s + r * kBlockKv;
+    __m512 acc[kRows][kVecs];
+    for (int i = 0; i < kRows; ++i) {
+      for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm512_loadu_ps(rows + i * kBlockKv + 16 * v);
+    }
+    SoftmaxRegisterRowsF32<kRows>(acc, state.from(r), rows);
   });
 }
 #endif
