@@ -150,7 +150,12 @@ class AlibiBias : public AttnBias {
   DiagonalAlignment alignment_;
 };
 
-/// The standard ALiBi slopes for `num_heads` heads.
+/// The most heads alibi_slopes (and AlibiBias(num_heads)) takes: far beyond any model, and
+/// a bound on the slope table's memory (4 MiB).
+inline constexpr int64_t kMaxAlibiHeads = int64_t{1} << 20;
+
+/// The standard ALiBi slopes for `num_heads` heads. Throws sdpa::Error unless
+/// 1 <= num_heads <= kMaxAlibiHeads.
 std::vector<float> alibi_slopes(int64_t num_heads);
 
 /// Packed variable-length documents (xFormers' BlockDiagonalMask, FlashAttention's varlen):

@@ -9,7 +9,8 @@
 namespace sdpa {
 
 std::vector<float> alibi_slopes(int64_t num_heads) {
-  SDPA_CHECK(num_heads >= 1, "AlibiBias: expected num_heads >= 1, got ", num_heads);
+  SDPA_CHECK(num_heads >= 1 && num_heads <= kMaxAlibiHeads, "AlibiBias: expected num_heads in "
+             "[1, ", kMaxAlibiHeads, "], got ", num_heads);
   // Geometric sequence starting at 2^(-8/n) with that ratio, for n a power of two. For
   // other n the paper takes the slopes of the closest smaller power of two m, then every
   // other slope of 2m for the remaining heads.

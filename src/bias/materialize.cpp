@@ -1,6 +1,7 @@
 #include "bias/materialize.h"
 
 #include "core/element_access.h"
+#include "core/saturating.h"
 
 namespace sdpa::bias_detail {
 
@@ -36,8 +37,9 @@ const char* alignment_name(DiagonalAlignment alignment) {
 
 bool in_band(const DiagonalBand& band, int64_t i, int64_t j, int64_t q_len, int64_t kv_len) {
   const int64_t d = band.alignment == DiagonalAlignment::kBottomRight ? kv_len - q_len : 0;
-  if (band.left && j < i + d - *band.left) return false;
-  if (band.right && j > i + d + *band.right) return false;
+  const int64_t diag = i + d;  // within (-2^63, 2^63): i < q_len, |d| < max(q_len, kv_len)
+  if (band.left && j < detail::saturating_sub(diag, *band.left)) return false;
+  if (band.right && j > detail::saturating_add(diag, *band.right)) return false;
   return true;
 }
 

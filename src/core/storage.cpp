@@ -1,5 +1,6 @@
 #include <atomic>
 #include <cstdlib>
+#include <limits>
 #include <new>
 
 #include "core/block_cache.h"
@@ -22,7 +23,11 @@ void count_allocation(int64_t nbytes) {
 }  // namespace
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes) {
-  // aligned_alloc needs a size that is a multiple of the alignment.
+  // No machine has half the address space; the bound keeps the rounding below (and the
+  // block cache's) from wrapping to a tiny block.
+  SDPA_CHECK(nbytes <= std::numeric_limits<size_t>::max() / 2, "out of memory: could not "
+             "allocate ", nbytes, " bytes");
+  // Blocks are whole multiples of the alignment.
   const size_t padded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
   void* data = padded == 0 ? nullptr : detail::acquire_block(padded);
   SDPA_CHECK(padded == 0 || data != nullptr, "out of memory: could not allocate ", nbytes,

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/element_access.h"
+#include "core/saturating.h"
 #include "flex/row_state.h"
 #include "sdpa/params.h"
 
@@ -60,8 +61,10 @@ inline ColumnRange row_columns(const MaskDescriptor& mask, int64_t b, int64_t i,
     }
     const int64_t diag =
         origin + row + (band.alignment == DiagonalAlignment::kBottomRight ? cols - rows : 0);
-    if (band.left) lo = std::max(lo, diag - *band.left);
-    if (band.right) hi = std::min(hi, diag + *band.right + 1);
+    if (band.left) lo = std::max(lo, detail::saturating_sub(diag, *band.left));
+    if (band.right) {
+      hi = std::min(hi, detail::saturating_add(detail::saturating_add(diag, *band.right), 1));
+    }
   }
   lo = std::clamp<int64_t>(lo, 0, kv_len);
   return {lo, std::clamp<int64_t>(hi, lo, kv_len)};

@@ -1,6 +1,7 @@
 #include "flex/eval_scalar.h"
 
 #include <cmath>
+#include <limits>
 
 #include "core/element_access.h"
 #include "sdpa/error.h"
@@ -24,12 +25,17 @@ void throw_out_of_range(const Captured& c, int64_t dim, int64_t index, int64_t b
 
 int64_t floor_div_int(int64_t a, int64_t b) {
   SDPA_CHECK(b != 0, "flex: integer division by zero");
+  // INT64_MIN / -1 traps (SIGFPE) on x86; it wraps to INT64_MIN, as in numpy and torch.
+  if (b == -1) return a == std::numeric_limits<int64_t>::min() ? a : -a;
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
 }
 
-int64_t floor_mod_int(int64_t a, int64_t b) { return a - floor_div_int(a, b) * b; }
+int64_t floor_mod_int(int64_t a, int64_t b) {
+  if (b == -1) return 0;  // without the quotient's wrap (floor_div_int) in the product
+  return a - floor_div_int(a, b) * b;
+}
 
 double ScalarEvaluator::step(const Instr& in, double score, int64_t b, int64_t h, int64_t q_idx,
                              int64_t kv_idx) const {

@@ -61,6 +61,16 @@ TEST(BiasErrors, ConstructorsRejectInvalidParameters) {
               }),
               HasSubstr("finite"));
   EXPECT_THAT(error_message([] { (void)AlibiBias(0); }), HasSubstr("num_heads"));
+  // Past kMaxAlibiHeads: a 2^40-entry slope table (bad_alloc) and, from 2^62, a
+  // power-of-two search that overflowed and never ended.
+  for (int64_t heads : {sdpa::kMaxAlibiHeads + 1, int64_t{1} << 40, int64_t{1} << 62,
+                        std::numeric_limits<int64_t>::max()}) {
+    EXPECT_THAT(error_message([heads] { (void)AlibiBias(heads); }),
+                HasSubstr("AlibiBias: expected num_heads in [1, 1048576], got " +
+                          std::to_string(heads)));
+  }
+  EXPECT_EQ(sdpa::alibi_slopes(sdpa::kMaxAlibiHeads).size(),
+            static_cast<size_t>(sdpa::kMaxAlibiHeads));
   EXPECT_THAT(error_message([] {
                 (void)PaddedKeysBias({3, -2});
               }),

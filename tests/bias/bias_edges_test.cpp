@@ -169,6 +169,16 @@ TEST_P(BiasEdges, WindowAtLeastSEqualsCausalAndUnbounded) {
   EXPECT_TRUE(close_to("wide window vs no mask", wide.fwd.out, none.fwd.out, DType::kFloat32));
   EXPECT_TRUE(close_to("wide window vs no mask grad_q", wide.grads.grad_q, none.grads.grad_q,
                        DType::kFloat32));
+  // Windows of INT64_MAX keys: the band's bounds saturate (they wrapped, masking every key).
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  const FwdBwd unbounded =
+      run_and_check(std::make_shared<LocalAttentionBias>(huge, huge), 1, 2, 1, L, S);
+  EXPECT_TRUE(close_to("INT64_MAX window vs no mask", unbounded.fwd.out, none.fwd.out,
+                       DType::kFloat32));
+  const FwdBwd huge_left =
+      run_and_check(std::make_shared<LocalAttentionBias>(huge, 0), 1, 2, 1, L, S);
+  EXPECT_TRUE(close_to("INT64_MAX left window vs causal", huge_left.fwd.out, causal.fwd.out,
+                       DType::kFloat32));
 }
 
 TEST_P(BiasEdges, DocumentsOfLengthOneAttendToThemselves) {

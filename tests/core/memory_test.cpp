@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "sdpa/sdpa.h"
@@ -105,6 +106,12 @@ TEST(MemoryStats, FlashDoesNotMaterializeTheScoreMatrix) {
 // Out of memory is an sdpa::Error, not std::bad_alloc or a crash.
 TEST(Storage, ImpossibleAllocationsThrowSdpaError) {
   EXPECT_THROW(Storage::allocate(size_t{1} << 62), Error);
+  // Sizes whose rounding to the alignment (or to the block cache's 2 MiB) would wrap to a
+  // tiny block.
+  constexpr size_t kMax = std::numeric_limits<size_t>::max();
+  for (size_t n : {kMax, kMax - 3, kMax - (size_t{2} << 20), kMax / 2 + 1}) {
+    EXPECT_THROW(Storage::allocate(n), Error) << n;
+  }
   EXPECT_THROW(Tensor::empty({int64_t{1} << 60}, DType::kFloat32), Error);
 }
 

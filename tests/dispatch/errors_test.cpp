@@ -317,6 +317,26 @@ TEST(InvalidInput, ScoreOrOutputElementCountOverflows) {
       << "the message names no argument";
 }
 
+// MATH's [B, Hq, L, S] float32 scores for broadcast k/v of S = 2^62 - 1 keys come to
+// 2^64 - 4 bytes: the allocator's rounding wrapped that to an empty block, which the
+// scores' zero fill then overran. It is an out-of-memory error naming the bytes (valid
+// input otherwise: make_params accepts it).
+TEST(InvalidInput, ScratchNearTheAddressSpaceIsAnError) {
+  std::vector<float> buf(4, 0.5f);
+  const int64_t keys = (int64_t{1} << 62) - 1;
+  Call c;
+  c.q = Tensor::from_blob(buf.data(), {1, 1, 1, 1}, {1, 1, 1, 1}, DType::kFloat32);
+  c.k = Tensor::from_blob(buf.data(), {1, 1, keys, 1}, {0, 0, 0, 0}, DType::kFloat32);
+  c.v = c.k;
+  const sdpa_kernel math(SDPBackend::MATH);
+  try {
+    scaled_dot_product_attention(c.q, c.k, c.v);
+    ADD_FAILURE() << "MATH accepted the call";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("out of memory: could not allocate 18446744073709551612"));
+  }
+}
+
 // ---- sdpa_kernel misuse -----------------------------------------------------------
 
 TEST(InvalidInput, GuardWithNoBackendOrError) {

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,19 @@ TEST(FlexRowEval, FailuresAtMaskedElementsAreNotReported) {
   for (const Program* sm : {&read, &divide}) {
     check_against_oracle(*sm, causal, L, S);
   }
+}
+
+// INT64_MIN // -1 overflows, and x86's idiv traps on it (SIGFPE killed the process). It
+// wraps to INT64_MIN, as in numpy and torch; INT64_MIN % -1 is 0.
+TEST(FlexRowEval, Int64MinOverMinusOneWraps) {
+  const Program sm = Program::from_score_mod(
+      [](const Expr& s, const Expr&, const Expr&, const Expr&, const Expr& kv) {
+        const Expr min_int = Expr(std::numeric_limits<int64_t>::min()) + kv - kv;  // per element
+        return s + sdpa::flex::to_float(sdpa::flex::floor_div(min_int, Expr(-1)) % Expr(7) +
+                                        min_int % Expr(-1));
+      });
+  EXPECT_EQ(sm.evaluate(0.5, 0, 0, 3, 2), 0.5 + 6.0);  // Python: (-2**63) % 7 == 6
+  check_against_oracle(sm, {}, 37, 41);
 }
 
 TEST(FlexRowEval, FailuresAtKeptElementsAreReported) {
