@@ -69,7 +69,7 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
         return _torch_api().scaled_dot_product_attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
             generator=generator)
-    out, _, _, _ = _C.attention(query, key, value, to_cpp_mask(attn_mask), float(dropout_p),
+    out, _, _, _ = _C.attention(query, key, value, to_cpp_mask(attn_mask), _dropout(dropout_p),
                                 bool(is_causal), _scale(scale), bool(enable_gqa), generator,
                                 None)
     return _convert.like(out, query)
@@ -89,7 +89,7 @@ def scaled_dot_product_attention_with_lse(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
             generator=generator, dropout_state=dropout_state)
     out, lse, backend, state = _C.attention(
-        query, key, value, to_cpp_mask(attn_mask), float(dropout_p), bool(is_causal),
+        query, key, value, to_cpp_mask(attn_mask), _dropout(dropout_p), bool(is_causal),
         _scale(scale), bool(enable_gqa), generator, _state(dropout_state))
     return AttentionOutput(_convert.like(out, query), _convert.like(lse, query), backend,
                            tuple(state))
@@ -109,7 +109,7 @@ def scaled_dot_product_attention_backward(
     query's framework (torch tensors are read, not tracked: use sdpa.torch for autograd).
     """
     gq, gk, gv, gm, backend = _C.attention_backward(
-        grad_out, query, key, value, out, lse, to_cpp_mask(attn_mask), float(dropout_p),
+        grad_out, query, key, value, out, lse, to_cpp_mask(attn_mask), _dropout(dropout_p),
         bool(is_causal), _scale(scale), bool(enable_gqa), _state(dropout_state),
         bool(attn_mask_requires_grad))
     return AttentionGradients(_convert.like(gq, query), _convert.like(gk, query),
@@ -125,12 +125,16 @@ def explain(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: 
     reasons, bias_handling), and ``str()`` for the text ``sdpa explain`` prints. With
     ``backward``, explains the backward call instead. Never raises for an unsupported
     call (only for invalid input)."""
-    return _C.explain(query, key, value, to_cpp_mask(attn_mask), float(dropout_p),
+    return _C.explain(query, key, value, to_cpp_mask(attn_mask), _dropout(dropout_p),
                       bool(is_causal), _scale(scale), bool(enable_gqa), bool(backward))
 
 
+def _dropout(dropout_p: Any) -> float:
+    return _convert.number(dropout_p, "dropout_p")
+
+
 def _scale(scale: Any) -> Optional[float]:
-    return None if scale is None else float(scale)
+    return None if scale is None else _convert.number(scale, "scale")
 
 
 def _state(state: Any) -> Optional[tuple]:

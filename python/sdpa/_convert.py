@@ -27,6 +27,18 @@ def _type_name(obj: Any) -> str:
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
+def number(value: Any, arg: str) -> float:
+    """float(value) for a real number (int, float, numpy or torch scalar); TypeError naming
+    `arg` for anything else. A string is not a number here, as in torch's
+    scaled_dot_product_attention (float("0.1") would take it)."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"{arg}: expected a number, got {_type_name(value)} {value!r}")
+
+
 def to_capsule(obj: Any, arg: str = "tensor") -> Any:
     """Returns a DLPack capsule (or an sdpa.Tensor) for `obj`; raises TypeError naming
     `arg` for objects that are not arrays."""

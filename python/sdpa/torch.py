@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.utils import _python_dispatch
 
-from . import _C
+from . import _C, _convert
 from ._api import AttentionOutput
 from .attention import bias as _bias
 
@@ -271,6 +271,8 @@ def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
             raise TypeError(f"{name}: expected a torch.Tensor like query, got "
                             f"{type(x).__qualname__} (an array with __dlpack__ for "
                             "non-torch inputs)")
+    dropout_p = _convert.number(dropout_p, "dropout_p")
+    scale = None if scale is None else _convert.number(scale, "scale")
     mask, spec = _mask_args(attn_mask, query, key)
     seed, offset = 0, _DRAW
     if dropout_state is not None:
@@ -278,8 +280,8 @@ def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
     elif generator is not None and dropout_p > 0:
         s, o = generator.next_state()
         seed, offset = _signed(s), o
-    args = (query, key, value, mask, spec, float(dropout_p), bool(is_causal),
-            None if scale is None else float(scale), bool(enable_gqa), seed, offset)
+    args = (query, key, value, mask, spec, dropout_p, bool(is_causal), scale, bool(enable_gqa),
+            seed, offset)
     route = _route(query, key, value, mask)
     if route == _DIRECT:
         out, lse, backend, drawn = _run(*args)

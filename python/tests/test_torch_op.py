@@ -523,8 +523,11 @@ def test_eager_fast_path_leaves_other_calls_to_the_general_path():
         assert fast(q, k, v, None, 0.0, False, None, False, None, False) is None
     # ... and the general path answers them as before.
     want = sdpa.scaled_dot_product_attention(q, k, v)
-    torch.testing.assert_close(sdpa.scaled_dot_product_attention(q, k, v, dropout_p="0.0"),
+    torch.testing.assert_close(sdpa.scaled_dot_product_attention(q, k, v, dropout_p=np.float32(0)),
                                want, atol=0, rtol=0)
+    # A string is not a number, as in torch (float() would take "0.0").
+    with pytest.raises(TypeError, match="dropout_p: expected a number, got str '0.0'"):
+        sdpa.scaled_dot_product_attention(q, k, v, dropout_p="0.0")
     sub = sdpa.scaled_dot_product_attention(q.as_subclass(Sub), k, v)
     torch.testing.assert_close(sub.as_subclass(torch.Tensor), want, atol=0, rtol=0)
 

@@ -113,7 +113,7 @@ nlohmann::json parse_header(const std::vector<char>& text, const FileErrors& err
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text.begin(), text.end(), reject_duplicates);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // syntax, and numbers out of range (1e400)
     errors.fail("header: invalid JSON (", e.what(), ")");
   }
   if (!duplicate.empty()) errors.fail("header: name ", single_quoted(duplicate), " appears twice");

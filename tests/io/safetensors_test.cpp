@@ -210,6 +210,11 @@ TEST_F(SafetensorsTest, RejectsInvalidJson) {
   EXPECT_THAT(load_error(), HasSubstr("expected a JSON object"));
   write_raw(" {}");  // the reference implementation also wants '{' first
   EXPECT_THAT(load_error(), HasSubstr("starting with '{'"));
+  // A number past double's range is the parser's out_of_range, not a parse_error: it
+  // escaped as a non-sdpa::Error without the file name.
+  write_raw("{\"__metadata__\": {\"x\": 1e400}}");
+  EXPECT_THAT(load_error(), AllOf(HasSubstr(path_.string()), HasSubstr("invalid JSON"),
+                                  HasSubstr("number overflow")));
 }
 
 TEST_F(SafetensorsTest, RejectsDuplicateNames) {
