@@ -3,6 +3,7 @@
 #include <limits>
 #include <new>
 
+#include "core/allocation_faults.h"
 #include "core/block_cache.h"
 #include "sdpa/error.h"
 #include "sdpa/tensor.h"
@@ -11,6 +12,8 @@ namespace sdpa {
 namespace {
 
 std::atomic<int64_t> g_current_bytes{0};
+// fail_allocation_after: successful allocations left before one fails; negative: none.
+std::atomic<int64_t> g_allocations_before_fault{-1};
 std::atomic<int64_t> g_peak_bytes{0};
 
 void count_allocation(int64_t nbytes) {
@@ -20,7 +23,20 @@ void count_allocation(int64_t nbytes) {
   }
 }
 
+// Whether this allocation is the one fail_allocation_after chose (one relaxed load
+// otherwise).
+bool injected_fault() {
+  if (g_allocations_before_fault.load(std::memory_order_relaxed) < 0) return false;
+  return g_allocations_before_fault.fetch_sub(1, std::memory_order_relaxed) == 0;
+}
+
 }  // namespace
+
+namespace detail {
+void fail_allocation_after(int64_t allocations) {
+  g_allocations_before_fault.store(allocations < 0 ? -1 : allocations);
+}
+}  // namespace detail
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes) {
   // No machine has half the address space; the bound keeps the rounding below (and the
@@ -29,6 +45,8 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes) {
              "allocate ", nbytes, " bytes");
   // Blocks are whole multiples of the alignment.
   const size_t padded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+  SDPA_CHECK(!injected_fault(), "out of memory: could not allocate ", nbytes,
+             " bytes (injected by fail_allocation_after)");
   void* data = padded == 0 ? nullptr : detail::acquire_block(padded);
   SDPA_CHECK(padded == 0 || data != nullptr, "out of memory: could not allocate ", nbytes,
              " bytes");

@@ -66,11 +66,17 @@ Tensor rowsum_dout_out(const AttentionParams& p, const detail::ThreadingContext&
   // Memory-bound: reads dO and O once.
   const double bytes = 2.0 * static_cast<double>(p.batch * p.num_heads_q * p.q_len * Ev) *
                        static_cast<double>(element_size(p.out.dtype()));
+  detail::ParallelErrors errors;
   detail::run_region(context.threads_for(p.batch * p.num_heads_q, {0, bytes}), [&] {
-    std::vector<float> dout(Ev), out(Ev);
+    std::vector<float> dout, out;
+    errors.guard([&] {
+      dout.resize(static_cast<size_t>(Ev));
+      out.resize(static_cast<size_t>(Ev));
+    });
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < p.batch; ++b) {
       for (int64_t h = 0; h < p.num_heads_q; ++h) {
+        if (errors.failed()) continue;
         const RowView dout_rows(p.grad_out, b, h), out_rows(p.out, b, h);
         for (int64_t i = 0; i < p.q_len; ++i) {
           dout_rows.load(i, dout.data());
@@ -82,6 +88,7 @@ Tensor rowsum_dout_out(const AttentionParams& p, const detail::ThreadingContext&
       }
     }
   });
+  errors.rethrow();
   return delta;
 }
 
@@ -107,29 +114,26 @@ void head_pass(const BackwardCall& call, int threads, bool bf16,
   const AttentionParams& p = call.p;
   detail::ParallelErrors errors;
   detail::run_region(threads, [&] {
-    FlashBackwardScratch scratch(p, call.flex_grad, bf16);
+    std::optional<FlashBackwardScratch> scratch;
     std::optional<PackedBackwardGroup> group;
     Tensor dq_acc;
-    try {
+    errors.guard([&] {
+      scratch.emplace(p, call.flex_grad, bf16);
       group.emplace(p, bf16);
       dq_acc = Tensor::empty({p.group_size() * p.q_len * group->e_pad()}, DType::kFloat32);
-    } catch (...) {
-      errors.capture();
-    }
+    });
     const int64_t q_blocks = (p.q_len + kBlockQ - 1) / kBlockQ;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bhk = 0; bhk < p.batch * p.num_heads_kv; ++bhk) {
-      if (!group) continue;
-      try {
+      if (!dq_acc.defined()) continue;  // the thread's scratch could not be made
+      errors.guard([&] {
         const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
-        for (int64_t t = 0; t < group->num_tiles(); ++t) group->pack_kv(p, b, hk, t, scratch.row);
+        for (int64_t t = 0; t < group->num_tiles(); ++t) group->pack_kv(p, b, hk, t, scratch->row);
         for (int64_t qi = 0; qi < p.group_size() * q_blocks; ++qi) {
           group->pack_q(p, b, hk, qi / q_blocks, (qi % q_blocks) * kBlockQ);
         }
-        kernels.head(call, *group, {b, hk, 0}, scratch, dq_acc.data<float>());
-      } catch (...) {
-        errors.capture();
-      }
+        kernels.head(call, *group, {b, hk, 0}, *scratch, dq_acc.data<float>());
+      });
     }
   });
   errors.rethrow();
@@ -179,43 +183,40 @@ void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
   // max(kv_blocks, chunks) items each.
   const int threads = context.threads_for(std::max(kv_blocks, chunks), work);
   detail::run_region(threads, [&] {
-    FlashBackwardScratch scratch(p, fg, bf16);
+    std::optional<FlashBackwardScratch> scratch;
+    errors.guard([&] { scratch.emplace(p, fg, bf16); });
     for (int64_t bhk = 0; bhk < p.batch * p.num_heads_kv; ++bhk) {
       const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
 #pragma omp for schedule(static)
       for (int64_t item = 0; item < kv_blocks + group_items; ++item) {
-        try {
+        if (!scratch) continue;
+        errors.guard([&] {
           if (item < kv_blocks) {
-            group.pack_kv(p, b, hk, item, scratch.row);
+            group.pack_kv(p, b, hk, item, scratch->row);
           } else {
             const int64_t qi = item - kv_blocks;
             group.pack_q(p, b, hk, qi / q_blocks, (qi % q_blocks) * kBlockQ);
           }
-        } catch (...) {
-          errors.capture();
-        }
+        });
       }
 #pragma omp for schedule(dynamic, 1)
       for (int64_t jb = 0; jb < kv_blocks; ++jb) {
-        try {
-          kernels.kv_block(call, group, {b, hk, jb * kBlockKv}, scratch, nullptr);
-        } catch (...) {
-          errors.capture();
-        }
+        if (!scratch) continue;
+        errors.guard(
+            [&] { kernels.kv_block(call, group, {b, hk, jb * kBlockKv}, *scratch, nullptr); });
       }
 #pragma omp for schedule(dynamic, 1)
       for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-        try {
+        if (!scratch) continue;
+        errors.guard([&] {
           for (int64_t item = chunk * group_items / chunks;
                item < (chunk + 1) * group_items / chunks; ++item) {
             const int64_t q_begin = (item % q_blocks) * kBlockQ;
             const QueryTile q{b, hk * p.group_size() + item / q_blocks, q_begin,
                               std::min(kBlockQ, p.q_len - q_begin)};
-            kernels.q_block(call, group, q, chunk, scratch);
+            kernels.q_block(call, group, q, chunk, *scratch);
           }
-        } catch (...) {
-          errors.capture();
-        }
+        });
       }
     }
   });

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <optional>
 #include <vector>
 
 #include "core/parallel.h"
@@ -94,11 +95,14 @@ void merge_chunks(const AttentionParams& p, const detail::ThreadingContext& cont
   float* lse_data = lse.data<float>();
   // Memory-bound: every partial is read once.
   const double bytes = 4.0 * static_cast<double>(groups * chunks * partials.item_floats());
+  detail::ParallelErrors errors;
   detail::run_region(context.threads_for(groups, {0, bytes}), [&] {
+    std::vector<float> row;
+    errors.guard([&] { row.resize(static_cast<size_t>(ev_pad)); });
 #pragma omp for schedule(static)
     for (int64_t group = 0; group < groups; ++group) {
+      if (row.empty()) continue;  // ev_pad >= kDecodeRowPad: the thread's row failed
       const int64_t b = group / p.num_heads_kv, hk = group % p.num_heads_kv;
-      std::vector<float> row(static_cast<size_t>(ev_pad));
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t h = hk * G + r / L, i = r % L;
         PartialMerge<float> merge;
@@ -123,6 +127,7 @@ void merge_chunks(const AttentionParams& p, const detail::ThreadingContext& cont
       }
     }
   });
+  errors.rethrow();
 }
 
 }  // namespace
@@ -145,7 +150,8 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
   const int64_t items = groups * chunks;
   const detail::ThreadingContext context = detail::ThreadingContext::current();
   detail::run_region(context.threads_for(items, forward_work(p)), [&] {
-    DecodeScratch scratch(p, bf16_dot);
+    std::optional<DecodeScratch> scratch;
+    errors.guard([&] { scratch.emplace(p, bf16_dot); });
     // Guided: items go out in runs of consecutive chunks of one kv head, shrinking towards
     // the end: a thread reads K and V on across chunk boundaries, its requests running
     // ahead into the next chunk, and the last small runs even out uneven items (masked
@@ -153,14 +159,13 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
     // 4% slower from cache).
 #pragma omp for schedule(guided)
     for (int64_t item = 0; item < items; ++item) {
-      try {
+      if (!scratch) continue;
+      errors.guard([&] {
         const int64_t group = item / chunks, chunk = item % chunks;
         const DecodeItem work{group / p.num_heads_kv, group % p.num_heads_kv, chunk * chunk_len,
                               std::min(p.kv_len, (chunk + 1) * chunk_len)};
-        chunk_fn(p, work, scratch, partials.item(group, chunk));
-      } catch (...) {
-        errors.capture();
-      }
+        chunk_fn(p, work, *scratch, partials.item(group, chunk));
+      });
     }
   });
   errors.rethrow();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <iterator>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -96,7 +97,8 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   // later q-blocks see more keys; monotonic, so every item of a group is taken before any
   // of a later one and the wait for the slot always ends (on one thread, trivially).
   detail::run_region(threads, [&] {
-    FlashScratch scratch(p, bf16_dot);
+    std::optional<FlashScratch> scratch;
+    errors.guard([&] { scratch.emplace(p, bf16_dot); });
 #pragma omp for schedule(monotonic : dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t bhk = item / group_items, in_group = item % group_items;
@@ -104,13 +106,13 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
         const std::atomic<int64_t>& previous = done[static_cast<size_t>(bhk - PackedKv::kSlots)];
         while (previous.load(std::memory_order_acquire) != group_items) std::this_thread::yield();
       }
-      try {
-        const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
-        const int64_t h = hk * p.group_size() + in_group / q_blocks;
-        const int64_t q_begin = (in_group % q_blocks) * kBlockQ;
-        q_block(call, {b, h, q_begin, std::min(kBlockQ, p.q_len - q_begin)}, scratch);
-      } catch (...) {
-        errors.capture();
+      if (scratch) {
+        errors.guard([&] {
+          const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
+          const int64_t h = hk * p.group_size() + in_group / q_blocks;
+          const int64_t q_begin = (in_group % q_blocks) * kBlockQ;
+          q_block(call, {b, h, q_begin, std::min(kBlockQ, p.q_len - q_begin)}, *scratch);
+        });
       }
       done[static_cast<size_t>(bhk)].fetch_add(1, std::memory_order_release);
     }

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "core/parallel.h"
 #include "core/scratch.h"
@@ -95,14 +96,11 @@ void math_forward_typed(const AttentionParams& p, const Tensor& out, const Tenso
   const int threads =
       detail::ThreadingContext::current().threads_for(p.batch * p.num_heads_q, forward_work(p));
   detail::run_region(threads, [&] {
-    MathBuffers<Acc> buf(p);
+    std::optional<MathBuffers<Acc>> buf;
+    errors.guard([&] { buf.emplace(p); });
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < p.batch * p.num_heads_q; ++bh) {
-      try {
-        forward_head(p, bh, buf, out, lse.data<float>());
-      } catch (...) {
-        errors.capture();
-      }
+      if (buf) errors.guard([&] { forward_head(p, bh, *buf, out, lse.data<float>()); });
     }
   });
   errors.rethrow();

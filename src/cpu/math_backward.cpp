@@ -139,14 +139,11 @@ void math_backward_typed(const AttentionParams& p, detail::BackwardOutputs& out)
   detail::ParallelErrors errors;
   const int threads = detail::ThreadingContext::current().threads_for(items, backward_work(p));
   detail::run_region(threads, [&] {
-    MathBackwardBuffers<Acc> buf(p, grad ? &*grad : nullptr);
+    std::optional<MathBackwardBuffers<Acc>> buf;
+    errors.guard([&] { buf.emplace(p, grad ? &*grad : nullptr); });
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
-      try {
-        backward_kv_head(p, item, buf, grad ? &*grad : nullptr, out);
-      } catch (...) {
-        errors.capture();
-      }
+      if (buf) errors.guard([&] { backward_kv_head(p, item, *buf, grad ? &*grad : nullptr, out); });
     }
   });
   errors.rethrow();
