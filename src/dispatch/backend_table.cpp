@@ -42,6 +42,9 @@ void forward_into(const BackendImpl& impl, const AttentionParams& params, const 
   SDPA_CHECK(impl.forward != nullptr, backend_name(impl.id),
              " has no forward kernel in this build");
   check_host(params, impl);
+  // No query row: out and lse have no element, and a kernel would still size its scratch
+  // and loops by the keys (MATH took seconds and gigabytes for B = 0 beside 2^27 keys).
+  if (params.batch * params.num_heads_q * params.q_len == 0) return;
   // Two calls, not a conditional expression: that would copy `params` (its tensors'
   // shapes included) on every call.
   if (impl.native_bias) {
@@ -56,6 +59,14 @@ void backward_into(const BackendImpl& impl, const AttentionParams& params,
   SDPA_CHECK(impl.backward != nullptr, backend_name(impl.id),
              " has no backward kernel in this build");
   check_host(params, impl);
+  // No query row (and no score_mod, whose captured tensors' gradients the kernels size):
+  // every gradient is zero or empty.
+  if (params.batch * params.num_heads_q * params.q_len == 0 && !params.mask.score_mod) {
+    for (Tensor* t : {&outputs.grad_q, &outputs.grad_k, &outputs.grad_v, &outputs.grad_mask}) {
+      if (t->defined()) t->copy_(Tensor::zeros({1}, t->dtype()).expand(t->sizes()));
+    }
+    return;
+  }
   if (impl.native_bias) {
     impl.backward(params, outputs);
   } else {

@@ -366,5 +366,36 @@ TEST(ValidInput, EdgeCasesAreAccepted) {
   EXPECT_NO_THROW(scaled_dot_product_attention(c.q, c.k, c.v, c.options));
 }
 
+// A call without query rows returns its empty output at once, whatever the keys: beside
+// 2^40 broadcast keys MATH's per-key scratch would need terabytes (it ran for seconds at
+// 2^27). Without query rows every key gradient is zero.
+TEST(ValidInput, CallsWithoutQueryRowsDoNoWork) {
+  std::vector<float> buf(8, 0.5f);
+  const auto broadcast = [&](const Shape& shape) {
+    return Tensor::from_blob(buf.data(), shape, Shape(shape.size(), 0), DType::kFloat32);
+  };
+  const int64_t huge = int64_t{1} << 40;
+  for (SDPBackend backend : {SDPBackend::MATH, SDPBackend::FLASH_ATTENTION}) {
+    SCOPED_TRACE(std::string(backend_name(backend)));
+    const sdpa_kernel guard(backend);
+    const Tensor q = broadcast({0, 2, 4, 8}), kv = broadcast({0, 2, huge, 8});
+    const AttentionResult r = scaled_dot_product_attention_with_lse(q, kv, kv);
+    EXPECT_EQ(r.out.sizes(), (Shape{0, 2, 4, 8}));
+    EXPECT_EQ(r.lse.sizes(), (Shape{0, 2, 4}));
+    const AttentionGradients g =
+        scaled_dot_product_attention_backward(q, q, kv, kv, r.out, r.lse);
+    EXPECT_EQ(g.grad_k.sizes(), (Shape{0, 2, huge, 8}));
+    // No query rows beside 1000 keys: zero key and value gradients.
+    const Tensor no_rows = broadcast({1, 2, 0, 8}), keys = randn({1, 2, 1000, 8});
+    const AttentionResult e = scaled_dot_product_attention_with_lse(no_rows, keys, keys);
+    const AttentionGradients ge =
+        scaled_dot_product_attention_backward(no_rows, no_rows, keys, keys, e.out, e.lse);
+    for (const Tensor* grad : {&ge.grad_k, &ge.grad_v}) {
+      ASSERT_EQ(grad->sizes(), (Shape{1, 2, 1000, 8}));
+      for (int64_t j = 0; j < 1000; j += 37) EXPECT_EQ(grad->item({0, 1, j, 7}), 0.0) << j;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sdpa
