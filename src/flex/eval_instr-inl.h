@@ -1,7 +1,7 @@
 // The instruction evaluator of flex programs in the FLASH kernels (row_buffers.h): one
 // instruction over one pass (a shape's extent of a chunk, or score rows), with the
 // instruction switch outside the lane loops. Lane loops are auto-vectorized for the target;
-// transcendentals go through Highway. The chunk scheduling that runs it is in
+// transcendentals are in eval_math-inl.h. The chunk scheduling that runs it is in
 // eval_row-inl.h. Per-target code: include after foreach_target.h.
 
 #if defined(SDPA_FLEX_EVAL_INSTR_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -18,8 +18,8 @@
 #include <utility>
 
 #include "core/element_access.h"
+#include "flex/eval_math-inl.h"
 #include "flex/row_buffers.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "sdpa/error.h"
 
@@ -188,35 +188,6 @@ HWY_INLINE void MapFloat(const View<float>& x, float* HWY_RESTRICT out, const Pa
       for (int64_t j = first; j < hi; j += n) hn::StoreU(v, d, o + j);
     }
   }
-}
-
-/// tanh for float32 lanes (max error ~3 ulp, NaN propagates): an odd polynomial below
-/// |x| = 0.55 (coefficients fitted for this kernel by weighted least squares on Chebyshev
-/// nodes; <= 1.1 ulp there), (1 - e) / (1 + e) with e = exp(-2|x|) above, the division by a
-/// Newton-refined reciprocal. Cheaper than hn::Tanh (Expm1 and a full division), which
-/// dominated soft-capping score_mods.
-template <class D, class V>
-HWY_INLINE V FastTanh(D d, V x) {
-  // The odd polynomial on x itself (exactly odd: no abs and sign restore needed).
-  const V x2 = hn::Mul(x, x);
-  V poly = hn::Set(d, -6.287600915043896e-3f);
-  poly = hn::MulAdd(poly, x2, hn::Set(d, 2.1082018617073817e-2f));
-  poly = hn::MulAdd(poly, x2, hn::Set(d, -5.3855110696803404e-2f));
-  poly = hn::MulAdd(poly, x2, hn::Set(d, 1.333261678740885e-1f));
-  poly = hn::MulAdd(poly, x2, hn::Set(d, -3.333331865002002e-1f));
-  const V small = hn::MulAdd(hn::Mul(x2, x), poly, x);
-  const auto is_small = hn::Lt(x2, hn::Set(d, 0.55f * 0.55f));  // false for NaN
-  // Soft-capped scores are mostly far below the cap: skip the exponential branch then.
-  if (hn::AllTrue(d, is_small)) return small;
-  const V a = hn::Abs(x);
-  const V one = hn::Set(d, 1.0f);
-  const V e = hn::Exp(d, hn::Mul(a, hn::Set(d, -2.0f)));  // in (0, 1]: no overflow
-  const V den = hn::Add(one, e);
-  V r = hn::ApproximateReciprocal(den);
-  r = hn::Mul(r, hn::NegMulAdd(den, r, hn::Set(d, 2.0f)));  // one Newton step
-  r = hn::Mul(r, hn::NegMulAdd(den, r, hn::Set(d, 2.0f)));  // 14 -> 28 -> full bits
-  const V big = hn::CopySignToAbs(hn::Mul(hn::Sub(one, e), r), x);
-  return hn::IfThenElse(hn::IsNaN(x), x, hn::IfThenElse(is_small, small, big));
 }
 
 /// out(r, j) = x(r, j) / y(r, j). A divisor uniform over a row becomes a multiplication by
@@ -485,14 +456,19 @@ HWY_INLINE void EvalInstr(RowBuffers& buf, int32_t k, const Pass& p, float* out 
       if (is_float) {
         Map1(Arg<float>(buf, in, 0, p), fo, p, [](float a) { return std::fabs(a); });
       } else {
-        Map1(Arg<int64_t>(buf, in, 0, p), io, p, [](int64_t a) { return a < 0 ? -a : a; });
+        // |INT64_MIN| wraps to INT64_MIN (numpy, torch) instead of overflowing.
+        Map1(Arg<int64_t>(buf, in, 0, p), io, p, [](int64_t a) {
+          return a < 0 ? static_cast<int64_t>(uint64_t{0} - static_cast<uint64_t>(a)) : a;
+        });
       }
       break;
     case Op::kExp:
-      MapFloat(Arg<float>(buf, in, 0, p), fo, p, [](auto d, auto v) { return hn::Exp(d, v); });
+      MapFloat(Arg<float>(buf, in, 0, p), fo, p,
+               [](auto d, auto v) { return ExpAllInputs(d, v); });
       break;
     case Op::kLog:
-      MapFloat(Arg<float>(buf, in, 0, p), fo, p, [](auto d, auto v) { return hn::Log(d, v); });
+      MapFloat(Arg<float>(buf, in, 0, p), fo, p,
+               [](auto d, auto v) { return LogAllInputs(d, v); });
       break;
     case Op::kTanh:
       MapFloat(Arg<float>(buf, in, 0, p), fo, p, [](auto d, auto v) { return FastTanh(d, v); });
@@ -500,7 +476,7 @@ HWY_INLINE void EvalInstr(RowBuffers& buf, int32_t k, const Pass& p, float* out 
     case Op::kSigmoid:
       MapFloat(Arg<float>(buf, in, 0, p), fo, p, [](auto d, auto v) {
         const auto one = hn::Set(d, 1.0f);
-        return hn::Div(one, hn::Add(one, hn::Exp(d, hn::Neg(v))));
+        return hn::Div(one, hn::Add(one, ExpAllInputs(d, hn::Neg(v))));
       });
       break;
     case Op::kSqrt:

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flex_test_util.h"
@@ -146,6 +147,72 @@ TEST(FlexRowEval, Int64MinOverMinusOneWraps) {
       });
   EXPECT_EQ(sm.evaluate(0.5, 0, 0, 3, 2), 0.5 + 6.0);  // Python: (-2**63) % 7 == 6
   check_against_oracle(sm, {}, 37, 41);
+}
+
+// NaN exactly where `golden` has NaN, infinities equal, finite elements within
+// atol + rtol |golden|.
+::testing::AssertionResult matches_with_nan(const Tensor& actual, const Tensor& golden,
+                                            double atol, double rtol) {
+  const std::vector<double> x = values(actual), y = values(golden);
+  if (x.size() != y.size()) return ::testing::AssertionFailure() << "sizes differ";
+  for (size_t i = 0; i < x.size(); ++i) {
+    const bool ok = std::isnan(y[i]) ? std::isnan(x[i])
+                    : std::isinf(y[i]) ? x[i] == y[i]
+                                       : std::fabs(x[i] - y[i]) <= atol + rtol * std::fabs(y[i]);
+    if (!ok) return ::testing::AssertionFailure() << i << ": " << x[i] << " vs " << y[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// exp, log and sigmoid over their whole domains, as MATH computes them: the SIMD
+// functions are valid on part of it only (log of a negative score gave FLASH a finite
+// lse where MATH gives NaN, log(0) -102 instead of -inf, exp past 88.7 finite values
+// where MATH overflows). NaN and infinities must land on the same elements.
+TEST(FlexRowEval, MathFunctionsOverTheirWholeDomainMatchMath) {
+  namespace fx = sdpa::flex;
+  const std::vector<std::pair<std::string, Program>> programs = {
+      {"log(s)", Program::from_score_mod([](const Expr& s, const Expr&, const Expr&, const Expr&,
+                                            const Expr&) { return fx::log(s); })},
+      {"log(max(s, 0))",
+       Program::from_score_mod([](const Expr& s, const Expr&, const Expr&, const Expr&,
+                                  const Expr&) { return fx::log(fx::maximum(s, Expr(0.0))); })},
+      // Rows 0-9 overflow at every key (MATH: all scores +inf, a NaN row), the rest not.
+      {"exp(s + 100 [q < 10])", Program::from_score_mod([](const Expr& s, const Expr&,
+                                                           const Expr&, const Expr& q,
+                                                           const Expr&) {
+         return fx::exp(s + fx::where(q < Expr(10), Expr(100.0), Expr(0.0)));
+       })},
+      {"s + sigmoid(-100 s)", Program::from_score_mod([](const Expr& s, const Expr&, const Expr&,
+                                                         const Expr&, const Expr&) {
+         return s + fx::sigmoid(s * Expr(-100.0));
+       })},
+      {"s + |INT64_MIN + kv - kv|", Program::from_score_mod([](const Expr& s, const Expr&,
+                                                               const Expr&, const Expr&,
+                                                               const Expr& kv) {
+         const Expr min_int = Expr(std::numeric_limits<int64_t>::min()) + kv - kv;
+         return s + fx::to_float(fx::abs(min_int) % Expr(5));  // |INT64_MIN| wraps: 2
+       })},
+  };
+  const int64_t B = 1, H = 2, L = 37, S = 45, E = 8;
+  const Tensor q = randn({B, H, L, E}, DType::kFloat32, 41);
+  const Tensor k = randn({B, H, S, E}, DType::kFloat32, 42);
+  const Tensor v = randn({B, H, S, E}, DType::kFloat32, 43);
+  for (const auto& [name, sm] : programs) {
+    SCOPED_TRACE(name);
+    sdpa::AttentionResult math;
+    {
+      sdpa::sdpa_kernel guard(SDPBackend::MATH);
+      math = sdpa::flex_attention(q, k, v, sm);
+    }
+    for (const std::string& cap : supported_capabilities()) {
+      SCOPED_TRACE("capability " + cap);
+      ScopedCapability cg(cap);
+      sdpa::sdpa_kernel guard(SDPBackend::FLASH_ATTENTION);
+      const sdpa::AttentionResult flash = sdpa::flex_attention(q, k, v, sm);
+      EXPECT_TRUE(matches_with_nan(flash.out, math.out, 1e-5, 1e-4));
+      EXPECT_TRUE(matches_with_nan(flash.lse, math.lse, 1e-5, 1e-5));
+    }
+  }
 }
 
 TEST(FlexRowEval, FailuresAtKeptElementsAreReported) {
