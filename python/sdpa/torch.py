@@ -274,6 +274,11 @@ def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
     dropout_p = _convert.number(dropout_p, "dropout_p")
     scale = None if scale is None else _convert.number(scale, "scale")
     mask, spec = _mask_args(attn_mask, query, key)
+    # The op's dispatch would take a mix of devices (cpu with meta: uninitialized output).
+    for name, x in (("key", key), ("value", value), ("attn_mask", mask)):
+        if x is not None and x.device != query.device:
+            raise _C.Error(f"{name}: expected device {query.device} (the query device), "
+                           f"got {x.device}")
     seed, offset = 0, _DRAW
     if dropout_state is not None:
         seed, offset = _signed(int(dropout_state[0])), int(dropout_state[1])

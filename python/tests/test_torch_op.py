@@ -382,6 +382,22 @@ def test_tracers_and_modes_still_see_the_op():
     assert meta.device.type == "meta" and meta.shape == (1, 2, 5, 8)
 
 
+def test_tensors_on_different_devices_are_an_error():
+    # The op's dispatch took cpu and meta tensors together and returned uninitialized memory.
+    q = torch.randn(1, 2, 4, 8)
+    meta = torch.empty(1, 2, 4, 8, device="meta")
+    with pytest.raises(sdpa.Error,
+                       match=r"key: expected device cpu \(the query device\), got meta"):
+        sdpa.scaled_dot_product_attention(q, meta, meta)
+    with pytest.raises(sdpa.Error, match="value: expected device cpu"):
+        sdpa.scaled_dot_product_attention(q, q, meta)
+    with pytest.raises(sdpa.Error, match="attn_mask: expected device cpu"):
+        sdpa.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool,
+                                                                        device="meta"))
+    with pytest.raises(sdpa.Error, match="key: expected device meta"):
+        sdpa.scaled_dot_product_attention(meta, q.requires_grad_(), q)
+
+
 # ---- the eager fast path (sdpa._C.torch_eager_attention): odd shapes, strides, GQA and
 # masks against the float64 reference; what it must leave to the general path ------------
 
