@@ -81,6 +81,10 @@ struct DropoutParams {
 
 class AttnBias;
 
+/// The largest size of any query/key/value dimension: 2^62, far above any memory (inputs
+/// may be broadcast views); kernels round sizes up to tiles without overflowing below it.
+inline constexpr int64_t kMaxAttentionExtent = int64_t{1} << 62;
+
 /// Normalized attention call. Tensors are 4-D views in the caller's memory:
 ///   q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], any element strides.
 struct AttentionParams {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <utility>
 
 #include "dispatch/lowering.h"
 #include "sdpa/sdpa.h"
@@ -72,6 +73,16 @@ AttentionParams make_params(const Tensor& q_in, const Tensor& k_in, const Tensor
              device_name(q_in.device()), " (the query device), got ", device_name(k_in.device()));
   SDPA_CHECK(v_in.device() == q_in.device(), "value: expected device ",
              device_name(q_in.device()), " (the query device), got ", device_name(v_in.device()));
+
+  // Kernels round sizes up to tiles and chunks ((n + tile - 1) / tile): a bound far above
+  // any memory keeps that arithmetic from overflowing for broadcast (zero-stride) inputs.
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"query", &q_in},
+                                {"key", &k_in}, {"value", &v_in}}) {
+    for (int64_t size : t->sizes()) {
+      SDPA_CHECK(size <= kMaxAttentionExtent, name, ": expected sizes <= 2^62, got ",
+                 shape_str(t->sizes()));
+    }
+  }
 
   AttentionParams p;
   p.unbatched = rank == 3;

@@ -317,6 +317,23 @@ TEST(InvalidInput, ScoreOrOutputElementCountOverflows) {
       << "the message names no argument";
 }
 
+// Sizes past 2^62 (broadcast views) would overflow the kernels' rounding to tiles and
+// chunks ((L + 63) / 64 for L near INT64_MAX).
+TEST(InvalidInput, SizesPastTwoToTheSixtyTwo) {
+  std::vector<float> buf(4, 0.5f);
+  const int64_t near_max = std::numeric_limits<int64_t>::max() - 5;
+  Call c;
+  c.q = Tensor::from_blob(buf.data(), {1, 1, near_max, 1}, {0, 0, 0, 0}, DType::kFloat32);
+  c.k = Tensor::from_blob(buf.data(), {1, 1, 1, 1}, {0, 0, 0, 0}, DType::kFloat32);
+  c.v = c.k;
+  EXPECT_THAT(error_of(c), HasSubstr("query: expected sizes <= 2^62, got [1, 1, " +
+                                     std::to_string(near_max) + ", 1]"));
+  c.q = c.k;
+  c.v = Tensor::from_blob(buf.data(), {1, 1, 1, (int64_t{1} << 62) + 1}, {0, 0, 0, 0},
+                          DType::kFloat32);
+  EXPECT_THAT(error_of(c), HasSubstr("value: expected sizes <= 2^62"));
+}
+
 // MATH's [B, Hq, L, S] float32 scores for broadcast k/v of S = 2^62 - 1 keys come to
 // 2^64 - 4 bytes: the allocator's rounding wrapped that to an empty block, which the
 // scores' zero fill then overran. It is an out-of-memory error naming the bytes (valid
