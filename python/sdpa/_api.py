@@ -70,8 +70,8 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
             generator=generator)
     out, _, _, _ = _C.attention(query, key, value, to_cpp_mask(attn_mask), _dropout(dropout_p),
-                                bool(is_causal), _scale(scale), bool(enable_gqa), generator,
-                                None)
+                                bool(is_causal), _scale(scale), bool(enable_gqa),
+                                _convert.generator(generator), None)
     return _convert.like(out, query)
 
 
@@ -90,7 +90,8 @@ def scaled_dot_product_attention_with_lse(
             generator=generator, dropout_state=dropout_state)
     out, lse, backend, state = _C.attention(
         query, key, value, to_cpp_mask(attn_mask), _dropout(dropout_p), bool(is_causal),
-        _scale(scale), bool(enable_gqa), generator, _state(dropout_state))
+        _scale(scale), bool(enable_gqa), _convert.generator(generator),
+        _convert.dropout_state(dropout_state))
     return AttentionOutput(_convert.like(out, query), _convert.like(lse, query), backend,
                            tuple(state))
 
@@ -110,7 +111,7 @@ def scaled_dot_product_attention_backward(
     """
     gq, gk, gv, gm, backend = _C.attention_backward(
         grad_out, query, key, value, out, lse, to_cpp_mask(attn_mask), _dropout(dropout_p),
-        bool(is_causal), _scale(scale), bool(enable_gqa), _state(dropout_state),
+        bool(is_causal), _scale(scale), bool(enable_gqa), _convert.dropout_state(dropout_state),
         bool(attn_mask_requires_grad))
     return AttentionGradients(_convert.like(gq, query), _convert.like(gk, query),
                               _convert.like(gv, query),
@@ -135,10 +136,3 @@ def _dropout(dropout_p: Any) -> float:
 
 def _scale(scale: Any) -> Optional[float]:
     return None if scale is None else _convert.number(scale, "scale")
-
-
-def _state(state: Any) -> Optional[tuple]:
-    if state is None:
-        return None
-    seed, offset = state
-    return int(seed), int(offset)

@@ -8,6 +8,7 @@ objects come from them.
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any
 
@@ -37,6 +38,30 @@ def number(value: Any, arg: str) -> float:
         except (TypeError, ValueError):
             pass
     raise TypeError(f"{arg}: expected a number, got {_type_name(value)} {value!r}")
+
+
+def generator(gen: Any) -> Any:
+    """`gen` when None or an sdpa.Generator; TypeError naming the argument otherwise."""
+    if gen is None or isinstance(gen, _C.Generator):
+        return gen
+    raise TypeError(f"generator: expected an sdpa.Generator or None, got {_type_name(gen)}")
+
+
+def dropout_state(state: Any) -> Any:
+    """(seed, offset) as two unsigned 64-bit ints, or None; TypeError / sdpa.Error naming
+    the argument otherwise (a replayed forward's AttentionOutput.dropout_state)."""
+    if state is None:
+        return None
+    try:
+        seed, offset = state
+        seed, offset = operator.index(seed), operator.index(offset)
+    except (TypeError, ValueError):
+        raise TypeError("dropout_state: expected a (seed, offset) pair of integers, got "
+                        f"{state!r}") from None
+    if not (0 <= seed < 2**64 and 0 <= offset < 2**64):
+        raise _C.Error("dropout_state: expected seed and offset in [0, 2^64), got "
+                       f"({seed}, {offset})")
+    return seed, offset
 
 
 def to_capsule(obj: Any, arg: str = "tensor") -> Any:

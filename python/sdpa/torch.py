@@ -280,8 +280,10 @@ def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
             raise _C.Error(f"{name}: expected device {query.device} (the query device), "
                            f"got {x.device}")
     seed, offset = 0, _DRAW
+    generator = _convert.generator(generator)
+    dropout_state = _convert.dropout_state(dropout_state)
     if dropout_state is not None:
-        seed, offset = _signed(int(dropout_state[0])), int(dropout_state[1])
+        seed, offset = _signed(dropout_state[0]), dropout_state[1]
     elif generator is not None and dropout_p > 0:
         s, o = generator.next_state()
         seed, offset = _signed(s), o

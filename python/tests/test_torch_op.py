@@ -541,6 +541,11 @@ def test_eager_fast_path_leaves_other_calls_to_the_general_path():
     want = sdpa.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(sdpa.scaled_dot_product_attention(q, k, v, dropout_p=np.float32(0)),
                                want, atol=0, rtol=0)
+    with pytest.raises(TypeError, match="generator: expected an sdpa.Generator or None"):
+        sdpa.scaled_dot_product_attention(q, k, v, dropout_p=0.5, generator="not a generator")
+    with pytest.raises(sdpa.Error, match=r"dropout_state: expected seed and offset in"):
+        sdpa.scaled_dot_product_attention_with_lse(q, k, v, dropout_p=0.5,
+                                                   dropout_state=(-1, 2**70))
     # A string is not a number, as in torch (float() would take "0.0").
     with pytest.raises(TypeError, match="dropout_p: expected a number, got str '0.0'"):
         sdpa.scaled_dot_product_attention(q, k, v, dropout_p="0.0")
