@@ -50,16 +50,19 @@ void ScoresAndSoftmax(const ForwardCall& call, const TileRows& tr, const PackedK
   float score_scale = 1.0f;
   if (Target::kBf16Dot && ws.bf16_dot) {
     const int64_t e2 = ws.head_dim_qk_pairs2;
-    Bf16Gemm(rows, kBlockKv, e2 / 2, ws.q_bf16, e2, t.k_pairs, ws.scores, kBlockKv, false);
+    Bf16Gemm({rows, kBlockKv, e2 / 2}, {ws.q_bf16, e2}, t.k_pairs, {ws.scores, kBlockKv},
+             GemmOutput::kOverwrite);
     if (tr.needs_mask || alibi || !(call.scale > 0.0f)) {  // masks and biases add to scaled scores
       ScaleRow(ws.scores, rows * kBlockKv, call.scale);
     } else {
       score_scale = call.scale;
     }
   } else if (tr.support) {
-    GemmRowSupport(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, *tr.support);
+    GemmRowSupport({rows, kBlockKv, E}, {ws.q, E}, {t.k_t, kBlockKv}, {ws.scores, kBlockKv},
+                   *tr.support);
   } else {
-    Gemm(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, false);
+    Gemm({rows, kBlockKv, E}, {ws.q, E}, {t.k_t, kBlockKv}, {ws.scores, kBlockKv},
+         GemmOutput::kOverwrite);
   }
 
   const KeyTileRows tile{tr.q.q_begin, rows, tr.keys, tr.j0, tr.cols};
@@ -216,13 +219,14 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
       }
       // Straight into total.o: P's bf16 rounding (2^-9) dwarfs the accumulator's, and the
       // partial sums cost the bf16 forward 2%.
-      Bf16Gemm(rows, ev_pad, kBlockKv / 2, ws.p_bf16, kBlockKv, t.v_pairs, ws.total.o, ev_pad,
-               true);
+      Bf16Gemm({rows, ev_pad, kBlockKv / 2}, {ws.p_bf16, kBlockKv}, t.v_pairs,
+               {ws.total.o, ev_pad}, GemmOutput::kAccumulate);
     } else if (trimmed) {
-      GemmAccumulateRowSupport(rows, ev_pad, ws.scores, kBlockKv, t.v, t.v_ld, ws.partial.o,
-                               ev_pad, support);
+      GemmAccumulateRowSupport({rows, ev_pad, cols}, {ws.scores, kBlockKv}, {t.v, t.v_ld},
+                               {ws.partial.o, ev_pad}, support);
     } else {
-      Gemm(rows, ev_pad, cols, ws.scores, kBlockKv, t.v, t.v_ld, ws.partial.o, ev_pad, true);
+      Gemm({rows, ev_pad, cols}, {ws.scores, kBlockKv}, {t.v, t.v_ld}, {ws.partial.o, ev_pad},
+           GemmOutput::kAccumulate);
     }
     if (++partial_tiles == kTilesPerPartialSum) {
       FlushPartial(ws, rows, !bf16);
