@@ -122,9 +122,9 @@ HWY_INLINE void StartQBlock(const ForwardCall& call, const QueryTile& q, FlashSc
   if (bf16) {
     // Unscaled: the scale multiplies the float32 scores (exact either way for powers of
     // two, one rounding less otherwise).
-    pack_bf16_rows(q_rows, q.q_begin, q.rows, p.head_dim_qk, ws.head_dim_qk_pairs2, ws.q_bf16);
+    pack_bf16_rows(q_rows, q.q_begin, q.rows, {ws.q_bf16, ws.head_dim_qk_pairs2});
   } else {
-    pack_rows(q_rows, q.q_begin, q.rows, p.head_dim_qk, p.head_dim_qk, ws.q, call.scale);
+    pack_rows(q_rows, q.q_begin, q.rows, {ws.q, p.head_dim_qk}, call.scale);
   }
   ResetRows(ws.total, q.rows);
   std::fill(ws.partial.l, ws.partial.l + round_up(q.rows, kMaxLanes), 0.0f);
@@ -165,9 +165,7 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
     if (!TileKeys(masking, ws, {q.q_begin, rows, nullptr, j0, cols}, set)) continue;
     const ColumnRange* keys = set.keys;
     const bool needs_mask = TileNeedsMask(p, &ws.flex, ws.row_keys, rows, j0);
-    const PackedKv::Tile t =
-        call.kv.tile(p, q.b, q.h / p.group_size(), j0 / kBlockKv, call.kv_generation(q.b, q.h),
-                     ws.row);
+    const PackedKv::Tile t = call.kv.tile(p, q.b, q.h / p.group_size(), j0 / kBlockKv, ws.row);
 
     // A tile some row does not fully see is computed only over the rows' supports (the
     // rest is masked to -inf below and contributes exact zeros to P.v).

@@ -1,11 +1,11 @@
 #pragma once
-// The operands of the CPU GEMM primitives (gemm-inl.h, bf16_dot.h) as small aggregates:
-// a pointer travels with its leading dimension, so a primitive takes its shape, its
-// matrices and its mode (five parameters at most) instead of BLAS's (m, n, k, A, lda, B,
-// ldb, C, ldc, ...), where a swapped stride compiles silently. The inlined float32 GEMM
-// takes them by value and its micro-tile copies the fields to locals, so its loops keep
-// them in registers as they did the separate arguments; bf16_dot.h says why its called
-// kernels take them by reference.
+// The operands of the CPU GEMM and packing primitives (gemm-inl.h, bf16_dot.h, pack.h,
+// pack_bf16.h) as small aggregates: a pointer travels with its leading dimension, so a
+// primitive takes its shape, its matrices and its mode (five parameters at most) instead
+// of BLAS's (m, n, k, A, lda, B, ldb, C, ldc, ...), where a swapped stride compiles
+// silently. The inlined float32 GEMM takes them by value and its micro-tile copies the
+// fields to locals, so its loops keep them in registers as they did the separate
+// arguments; bf16_dot.h says why its called kernels take them by reference.
 
 #include <cstdint>
 
