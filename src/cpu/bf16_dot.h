@@ -5,9 +5,9 @@
 // runtime check (bf16_dot_available) and the flash forward calls them only then.
 //
 // Layouts (bf16 as uint16_t bits):
-//   A [m, 2 * depth_pairs]: pair d of row r (elements 2d, 2d + 1, adjacent) at
-//     A + r * lda + d * a_pair_stride; a_pair_stride = 2 is row-major (q rows, P rows),
-//     lda = 2 with a_pair_stride = 2 n' reads a transposed pair-packed [depth_pairs][n'][2]
+//   A [m, 2 * depth_pairs] (Bf16PairRows): pair d of row r (elements 2d, 2d + 1, adjacent)
+//     at data + r * ld + d * pair_stride; pair_stride = 2 is row-major (q rows, P rows),
+//     ld = 2 with pair_stride = 2 n' reads a transposed pair-packed [depth_pairs][n'][2]
 //     matrix (P^T and dS^T in the backward).
 //   B pair-packed [depth_pairs][n][2]: element (d, j) of the logical [2 * depth_pairs, n]
 //     matrix at B[(d / 2) * 2 n + 2 j + d % 2].
@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+
+#include "cpu/matrix_view.h"
 
 namespace sdpa::cpu {
 
@@ -54,14 +56,34 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void ConvertRowPai
   }
 }
 
+/// A bf16 A operand [m, 2 depth_pairs] (layout above): pair d of row r at
+/// data + r * ld + d * pair_stride.
+struct Bf16PairRows {
+  const uint16_t* data;
+  int64_t ld;
+  int64_t pair_stride = 2;
+
+  /// Rows from r on.
+  Bf16PairRows from(int64_t r) const { return {data + r * ld, ld, pair_stride}; }
+};
+
 // The accumulate flag is a template argument: as a runtime one it made GCC spill and
 // reload all accumulators around the depth loop. The products start from zero and C is
 // added at the end, so C's loads do not delay the first dpbf16 of every chain (the bf16
 // forward at E = 128 ran 1.5-3.5% faster than with C loaded into the accumulators).
+// b: pair-packed B as rows of pairs, b.ld = 2 n.
+//
+// These kernels are called, not inlined, so the 24-byte views (GemmDims, Bf16PairRows) go
+// by reference: by value GCC copied them through the stack with a load wider than the
+// store that wrote them, a store-forwarding stall per micro-tile that cost the bf16
+// backward 4%.
 template <int kRows, int kVecs, bool kAccumulate>
 __attribute__((target("avx512f,avx512bf16"))) inline void Bf16MicroTile(
-    const uint16_t* a, int64_t lda, int64_t a_pair_stride, const uint16_t* b, int64_t n, float* c,
-    int64_t ldc, int64_t depth_pairs) {
+    const Bf16PairRows& a, Matrix<const uint16_t> b, Matrix<float> c, int64_t depth_pairs) {
+  const uint16_t* a_data = a.data;
+  const uint16_t* b_data = b.data;
+  float* c_data = c.data;
+  const int64_t lda = a.ld, a_pair_stride = a.pair_stride, ldb = b.ld, ldc = c.ld;
   __m512 acc[kRows][kVecs];
 #pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) {
@@ -71,11 +93,11 @@ __attribute__((target("avx512f,avx512bf16"))) inline void Bf16MicroTile(
   for (int64_t d = 0; d < depth_pairs; ++d) {
     __m512bh bv[kVecs];
     for (int v = 0; v < kVecs; ++v) {
-      bv[v] = (__m512bh)_mm512_loadu_si512(b + d * 2 * n + 32 * v);
+      bv[v] = (__m512bh)_mm512_loadu_si512(b_data + d * ldb + 32 * v);
     }
     for (int r = 0; r < kRows; ++r) {
       int32_t pair;
-      std::memcpy(&pair, a + r * lda + d * a_pair_stride, sizeof pair);
+      std::memcpy(&pair, a_data + r * lda + d * a_pair_stride, sizeof pair);
       const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
       for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
     }
@@ -84,28 +106,28 @@ __attribute__((target("avx512f,avx512bf16"))) inline void Bf16MicroTile(
   for (int r = 0; r < kRows; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < kVecs; ++v) {
-      float* out = c + r * ldc + 16 * v;
+      float* out = c_data + r * ldc + 16 * v;
       _mm512_storeu_ps(out,
                        kAccumulate ? _mm512_add_ps(_mm512_loadu_ps(out), acc[r][v]) : acc[r][v]);
     }
   }
 }
 
+// All row blocks of one column panel: dims.n is kVecs vectors, b as in Bf16MicroTile.
 template <int kVecs>
 __attribute__((target("avx512f,avx512bf16"))) inline void Bf16Panel(
-    int64_t m, const uint16_t* a, int64_t lda, int64_t a_pair_stride, const uint16_t* b, int64_t n,
-    float* c, int64_t ldc, int64_t depth_pairs, bool accumulate) {
+    const GemmDims& dims, const Bf16PairRows& a, Matrix<const uint16_t> b, Matrix<float> c,
+    GemmOutput output) {
+  const int64_t m = dims.m, depth_pairs = dims.depth;
+  const bool accumulate = output == GemmOutput::kAccumulate;
   int64_t r = 0;
   const auto tile = accumulate ? &Bf16MicroTile<6, kVecs, true> : &Bf16MicroTile<6, kVecs, false>;
-  for (; r + 6 <= m; r += 6) {
-    tile(a + r * lda, lda, a_pair_stride, b, n, c + r * ldc, ldc, depth_pairs);
-  }
-  a += r * lda;
-  c += r * ldc;
-#define SDPA_BF16_PANEL_TAIL(R)                                                                \
-  return accumulate                                                                            \
-             ? Bf16MicroTile<R, kVecs, true>(a, lda, a_pair_stride, b, n, c, ldc, depth_pairs) \
-             : Bf16MicroTile<R, kVecs, false>(a, lda, a_pair_stride, b, n, c, ldc, depth_pairs)
+  for (; r + 6 <= m; r += 6) tile(a.from(r), b, c.from(r, 0), depth_pairs);
+  const Bf16PairRows a_tail = a.from(r);
+  c = c.from(r, 0);
+#define SDPA_BF16_PANEL_TAIL(R)                                             \
+  return accumulate ? Bf16MicroTile<R, kVecs, true>(a_tail, b, c, depth_pairs) \
+                    : Bf16MicroTile<R, kVecs, false>(a_tail, b, c, depth_pairs)
   switch (m - r) {
     case 1:
       SDPA_BF16_PANEL_TAIL(1);
@@ -123,18 +145,21 @@ __attribute__((target("avx512f,avx512bf16"))) inline void Bf16Panel(
 #undef SDPA_BF16_PANEL_TAIL
 }
 
-/// C[m, n] (+)= A[m, 2 depth_pairs] . B (layouts above); 6 x 4-vector register tiles.
+/// C[m, n] (+)= A[m, 2 depth_pairs] . B (layouts above; dims.depth counts pairs); 6 x
+/// 4-vector register tiles.
 __attribute__((target("avx512f,avx512bf16"))) inline void Bf16Gemm(
-    int64_t m, int64_t n, int64_t depth_pairs, const uint16_t* a, int64_t lda, const uint16_t* b,
-    float* c, int64_t ldc, bool accumulate, int64_t a_pair_stride = 2) {
+    const GemmDims& dims, const Bf16PairRows& a, const uint16_t* b, Matrix<float> c,
+    GemmOutput output) {
+  const Matrix<const uint16_t> b_pairs{b, 2 * dims.n};
   int64_t v = 0;
-  const int64_t vecs = n / 16;
+  const int64_t vecs = dims.n / 16;
   for (; v + 4 <= vecs; v += 4) {
-    Bf16Panel<4>(m, a, lda, a_pair_stride, b + 32 * v, n, c + 16 * v, ldc, depth_pairs, accumulate);
+    Bf16Panel<4>({dims.m, 64, dims.depth}, a, b_pairs.from(0, 32 * v), c.from(0, 16 * v),
+                 output);
   }
-#define SDPA_BF16_GEMM_TAIL(V)                                                               \
-  return Bf16Panel<V>(m, a, lda, a_pair_stride, b + 32 * v, n, c + 16 * v, ldc, depth_pairs, \
-                      accumulate)
+  const GemmDims tail{dims.m, dims.n - 16 * v, dims.depth};
+#define SDPA_BF16_GEMM_TAIL(V) \
+  return Bf16Panel<V>(tail, a, b_pairs.from(0, 32 * v), c.from(0, 16 * v), output)
   switch (vecs - v) {
     case 1:
       SDPA_BF16_GEMM_TAIL(1);

@@ -149,8 +149,8 @@ struct ValuesInTile : Float32Probabilities {
     }
     // P.v with register-blocked accumulators (the rows' outputs stay in registers over
     // the tile's keys instead of a load and store per key).
-    Gemm(call.rows, ev_pad, c_end - c_begin, ws.scores + c_begin, kBlockKv,
-         ws.tile + c_begin * ev_pad, ev_pad, call.state.o, ev_pad, true);
+    Gemm({call.rows, ev_pad, c_end - c_begin}, {ws.scores + c_begin, kBlockKv},
+         {ws.tile + c_begin * ev_pad, ev_pad}, {call.state.o, ev_pad}, GemmOutput::kAccumulate);
   }
   /// Puts the accumulators in element order (they are).
   HWY_INLINE void Finish(const DecodeCall&) const {}

@@ -81,19 +81,19 @@ void ProbsAndScoreGrads(const BackwardCall& call, const PackedBackwardGroup& gro
   const int64_t b = t.q.b, h = t.q.h, q_begin = t.q.q_begin, rows = t.q.rows;
   const int64_t g = t.g, kv_begin = t.kv_begin, cols = t.cols, tile = kv_begin / kBlockKv;
   if (kBf16Target && group.bf16()) {
-    Bf16Gemm(rows, kBlockKv, group.e2() / 2, group.q_bf16(g, q_begin), group.e2(),
-             group.k_dim_pairs(tile), ws.probs, kBlockKv, false);
-    Bf16Gemm(rows, kBlockKv, group.ev2() / 2, group.dout_bf16(g, q_begin), group.ev2(),
-             group.v_dim_pairs(tile), ws.dscores, kBlockKv, false);
+    Bf16Gemm({rows, kBlockKv, group.e2() / 2}, {group.q_bf16(g, q_begin), group.e2()},
+             group.k_dim_pairs(tile), {ws.probs, kBlockKv}, GemmOutput::kOverwrite);
+    Bf16Gemm({rows, kBlockKv, group.ev2() / 2}, {group.dout_bf16(g, q_begin), group.ev2()},
+             group.v_dim_pairs(tile), {ws.dscores, kBlockKv}, GemmOutput::kOverwrite);
     // Unscaled bf16 q: the scale multiplies the float32 scores, as in the forward.
     for (int64_t r = 0; r < rows; ++r) {
       ScaleRow(ws.probs + r * kBlockKv, kBlockKv, call.scale);
     }
   } else {
-    Gemm(rows, kBlockKv, p.head_dim_qk, group.q(g, q_begin), group.e_pad(), group.k_t(tile),
-         kBlockKv, ws.probs, kBlockKv, false);
-    Gemm(rows, kBlockKv, p.head_dim_vo, group.dout(g, q_begin), group.ev_pad(),
-         group.v_t(tile), kBlockKv, ws.dscores, kBlockKv, false);
+    Gemm({rows, kBlockKv, p.head_dim_qk}, {group.q(g, q_begin), group.e_pad()},
+         {group.k_t(tile), kBlockKv}, {ws.probs, kBlockKv}, GemmOutput::kOverwrite);
+    Gemm({rows, kBlockKv, p.head_dim_vo}, {group.dout(g, q_begin), group.ev_pad()},
+         {group.v_t(tile), kBlockKv}, {ws.dscores, kBlockKv}, GemmOutput::kOverwrite);
   }
   const DenseMaskRows dense(p.mask, b, h);
   const HeadMasking masking{p.mask, dense, &ws.flex, b, h, L, S};
@@ -141,11 +141,12 @@ void AccumulateGradQ(const PackedBackwardGroup& group, const BlockPair& t,
     for (int64_t r = 0; r < rows; ++r) {
       ConvertRowToBf16(ws.dscores + r * kBlockKv, ws.ds_bf16 + r * kBlockKv, kBlockKv);
     }
-    Bf16Gemm(rows, e_pad, (cols + 1) / 2, ws.ds_bf16, kBlockKv, group.k_key_pairs(tile), dq,
-             e_pad, true);
+    Bf16Gemm({rows, e_pad, (cols + 1) / 2}, {ws.ds_bf16, kBlockKv}, group.k_key_pairs(tile),
+             {dq, e_pad}, GemmOutput::kAccumulate);
     return;
   }
-  Gemm(rows, e_pad, cols, ws.dscores, kBlockKv, group.k(tile), e_pad, dq, e_pad, true);
+  Gemm({rows, e_pad, cols}, {ws.dscores, kBlockKv}, {group.k(tile), e_pad}, {dq, e_pad},
+       GemmOutput::kAccumulate);
 }
 
 // dV += (P o Z)^T dO and dK += dS^T q for pair t, whose P o Z and dS are in ws.probs /
@@ -166,17 +167,17 @@ void AccumulateGradKv(const PackedBackwardGroup& group, const BlockPair& t,
                            kBlockKv);
     }
     const int64_t pairs = (rows + 1) / 2;
-    Bf16Gemm(cols, ev_pad, pairs, ws.p_pairs, 2, group.dout_row_pairs(g, q_begin), ws.dv,
-             ev_pad, true, 2 * kBlockKv);
-    Bf16Gemm(cols, e_pad, pairs, ws.ds_pairs, 2, group.q_row_pairs(g, q_begin), ws.dk, e_pad,
-             true, 2 * kBlockKv);
+    Bf16Gemm({cols, ev_pad, pairs}, {ws.p_pairs, 2, 2 * kBlockKv},
+             group.dout_row_pairs(g, q_begin), {ws.dv, ev_pad}, GemmOutput::kAccumulate);
+    Bf16Gemm({cols, e_pad, pairs}, {ws.ds_pairs, 2, 2 * kBlockKv}, group.q_row_pairs(g, q_begin),
+             {ws.dk, e_pad}, GemmOutput::kAccumulate);
     return;
   }
   // P^T and dS^T read in place: element (c, r) at r * kBlockKv + c.
-  Gemm(cols, ev_pad, rows, ws.probs, 1, group.dout(g, q_begin), ev_pad, ws.dv, ev_pad, true,
-       kBlockKv);
-  Gemm(cols, e_pad, rows, ws.dscores, 1, group.q(g, q_begin), e_pad, ws.dk, e_pad, true,
-       kBlockKv);
+  Gemm({cols, ev_pad, rows}, {ws.probs, 1, kBlockKv}, {group.dout(g, q_begin), ev_pad},
+       {ws.dv, ev_pad}, GemmOutput::kAccumulate);
+  Gemm({cols, e_pad, rows}, {ws.dscores, 1, kBlockKv}, {group.q(g, q_begin), e_pad},
+       {ws.dk, e_pad}, GemmOutput::kAccumulate);
 }
 
 // grad_q rows `q` = scale * dq (rows e_pad floats apart).

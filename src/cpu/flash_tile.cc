@@ -51,16 +51,19 @@ void ScoresAndSoftmax(const ForwardCall& call, const TileRows& tr, const PackedK
   float score_scale = 1.0f;
   if (Target::kBf16Dot && ws.bf16_dot) {
     const int64_t e2 = ws.head_dim_qk_pairs2;
-    Bf16Gemm(rows, kBlockKv, e2 / 2, ws.q_bf16, e2, t.k_pairs, ws.scores, kBlockKv, false);
+    Bf16Gemm({rows, kBlockKv, e2 / 2}, {ws.q_bf16, e2}, t.k_pairs, {ws.scores, kBlockKv},
+             GemmOutput::kOverwrite);
     if (tr.needs_mask || alibi || !(call.scale > 0.0f)) {  // masks and biases add to scaled scores
       ScaleRow(ws.scores, rows * kBlockKv, call.scale);
     } else {
       score_scale = call.scale;
     }
   } else if (tr.support) {
-    GemmRowSupport(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, *tr.support);
+    GemmRowSupport({rows, kBlockKv, E}, {ws.q, E}, {t.k_t, kBlockKv}, {ws.scores, kBlockKv},
+                   *tr.support);
   } else {
-    Gemm(rows, kBlockKv, E, ws.q, E, t.k_t, kBlockKv, ws.scores, kBlockKv, false);
+    Gemm({rows, kBlockKv, E}, {ws.q, E}, {t.k_t, kBlockKv}, {ws.scores, kBlockKv},
+         GemmOutput::kOverwrite);
   }
 
   const KeyTileRows tile{tr.q.q_begin, rows, tr.keys, tr.j0, tr.cols};
@@ -123,9 +126,9 @@ HWY_INLINE void StartQBlock(const ForwardCall& call, const QueryTile& q, FlashSc
   if (bf16) {
     // Unscaled: the scale multiplies the float32 scores (exact either way for powers of
     // two, one rounding less otherwise).
-    pack_bf16_rows(q_rows, q.q_begin, q.rows, p.head_dim_qk, ws.head_dim_qk_pairs2, ws.q_bf16);
+    pack_bf16_rows(q_rows, q.q_begin, q.rows, {ws.q_bf16, ws.head_dim_qk_pairs2});
   } else {
-    pack_rows(q_rows, q.q_begin, q.rows, p.head_dim_qk, p.head_dim_qk, ws.q, call.scale);
+    pack_rows(q_rows, q.q_begin, q.rows, {ws.q, p.head_dim_qk}, call.scale);
   }
   ResetRows(ws.total, q.rows);
   std::fill(ws.partial.l, ws.partial.l + round_up(q.rows, kMaxLanes), 0.0f);
@@ -166,9 +169,7 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
     if (!TileKeys(masking, ws, {q.q_begin, rows, nullptr, j0, cols}, set)) continue;
     const ColumnRange* keys = set.keys;
     const bool needs_mask = TileNeedsMask(p, &ws.flex, ws.row_keys, rows, j0);
-    const PackedKv::Tile t =
-        call.kv.tile(p, q.b, q.h / p.group_size(), j0 / kBlockKv, call.kv_generation(q.b, q.h),
-                     ws.row);
+    const PackedKv::Tile t = call.kv.tile(p, q.b, q.h / p.group_size(), j0 / kBlockKv, ws.row);
 
     // A tile some row does not fully see is computed only over the rows' supports (the
     // rest is masked to -inf below and contributes exact zeros to P.v).
@@ -224,13 +225,14 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
       }
       // Straight into total.o: P's bf16 rounding (2^-9) dwarfs the accumulator's, and the
       // partial sums cost the bf16 forward 2%.
-      Bf16Gemm(rows, ev_pad, kBlockKv / 2, ws.p_bf16, kBlockKv, t.v_pairs, ws.total.o, ev_pad,
-               true);
+      Bf16Gemm({rows, ev_pad, kBlockKv / 2}, {ws.p_bf16, kBlockKv}, t.v_pairs,
+               {ws.total.o, ev_pad}, GemmOutput::kAccumulate);
     } else if (trimmed) {
-      GemmAccumulateRowSupport(rows, ev_pad, ws.scores, kBlockKv, t.v, t.v_ld, ws.partial.o,
-                               ev_pad, support);
+      GemmAccumulateRowSupport({rows, ev_pad, cols}, {ws.scores, kBlockKv}, {t.v, t.v_ld},
+                               {ws.partial.o, ev_pad}, support);
     } else {
-      Gemm(rows, ev_pad, cols, ws.scores, kBlockKv, t.v, t.v_ld, ws.partial.o, ev_pad, true);
+      Gemm({rows, ev_pad, cols}, {ws.scores, kBlockKv}, {t.v, t.v_ld}, {ws.partial.o, ev_pad},
+           GemmOutput::kAccumulate);
     }
     if (++partial_tiles == kTilesPerPartialSum) {
       FlushPartial(ws, rows, !bf16);

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cpu/matrix_view.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -37,12 +38,16 @@ inline constexpr int64_t kGemmVecs = 2;
 static_assert(kGemmRows <= 6);
 
 template <int64_t kRows, int64_t kVecs>
-HWY_INLINE void GemmMicroTile(const float* HWY_RESTRICT a, int64_t lda, int64_t a_step,
-                              const float* HWY_RESTRICT b, int64_t ldb, float* HWY_RESTRICT c,
-                              int64_t ldc, int64_t depth, bool accumulate) {
+HWY_INLINE void GemmMicroTile(StridedMatrix<const float> a, Matrix<const float> b,
+                              Matrix<float> c, int64_t depth, GemmOutput output) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const float* HWY_RESTRICT a_data = a.data;
+  const float* HWY_RESTRICT b_data = b.data;
+  float* HWY_RESTRICT c_data = c.data;
+  const int64_t lda = a.ld, a_step = a.step, ldb = b.ld, ldc = c.ld;
+  const bool accumulate = output == GemmOutput::kAccumulate;
   // The products are summed from zero and C is added once at the end: C then takes one
   // rounding per call instead of one per product. The flash forward's output accumulator
   // is C of one call per key tile, so at S = 65536 a row rounds 1024 times, not 65536
@@ -53,37 +58,35 @@ HWY_INLINE void GemmMicroTile(const float* HWY_RESTRICT a, int64_t lda, int64_t 
   }
   for (int64_t k = 0; k < depth; ++k) {
     V bv[kVecs];
-    for (int64_t v = 0; v < kVecs; ++v) bv[v] = hn::LoadU(d, b + k * ldb + v * lanes);
+    for (int64_t v = 0; v < kVecs; ++v) bv[v] = hn::LoadU(d, b_data + k * ldb + v * lanes);
     for (int64_t r = 0; r < kRows; ++r) {
-      const V av = hn::Set(d, a[r * lda + k * a_step]);
+      const V av = hn::Set(d, a_data[r * lda + k * a_step]);
       for (int64_t v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
     }
   }
   for (int64_t r = 0; r < kRows; ++r) {
     for (int64_t v = 0; v < kVecs; ++v) {
-      float* out = c + r * ldc + v * lanes;
+      float* out = c_data + r * ldc + v * lanes;
       hn::StoreU(accumulate ? hn::Add(hn::LoadU(d, out), acc[r][v]) : acc[r][v], d, out);
     }
   }
 }
 
-// All row blocks of one column panel of kVecs vectors.
+// All row blocks of one column panel: dims.n is kVecs vectors.
 template <int64_t kVecs>
-HWY_INLINE void GemmPanel(int64_t m, const float* a, int64_t lda, int64_t a_step, const float* b,
-                          int64_t ldb, float* c, int64_t ldc, int64_t depth, bool accumulate) {
+HWY_INLINE void GemmPanel(GemmDims dims, StridedMatrix<const float> a, Matrix<const float> b,
+                          Matrix<float> c, GemmOutput output) {
+  const int64_t m = dims.m, depth = dims.depth;
   int64_t r = 0;
   for (; r + kGemmRows <= m; r += kGemmRows) {
-    GemmMicroTile<kGemmRows, kVecs>(a + r * lda, lda, a_step, b, ldb, c + r * ldc, ldc, depth,
-                                    accumulate);
+    GemmMicroTile<kGemmRows, kVecs>(a.from(r, 0), b, c.from(r, 0), depth, output);
   }
   // The remaining rows in one shorter micro-tile (one row at a time would make the loop
   // load-bound: one broadcast per kVecs FMAs).
-  const int64_t left = m - r;
-  a += r * lda;
-  c += r * ldc;
-#define SDPA_GEMM_ROWS_TAIL(R) \
-  return GemmMicroTile<R, kVecs>(a, lda, a_step, b, ldb, c, ldc, depth, accumulate)
-  switch (left) {
+  a = a.from(r, 0);
+  c = c.from(r, 0);
+#define SDPA_GEMM_ROWS_TAIL(R) return GemmMicroTile<R, kVecs>(a, b, c, depth, output)
+  switch (m - r) {
     case 1: SDPA_GEMM_ROWS_TAIL(1);
     case 2: SDPA_GEMM_ROWS_TAIL(2);
     case 3: SDPA_GEMM_ROWS_TAIL(3);
@@ -94,25 +97,24 @@ HWY_INLINE void GemmPanel(int64_t m, const float* a, int64_t lda, int64_t a_step
 #undef SDPA_GEMM_ROWS_TAIL
 }
 
-/// C[m, n] = A[m, depth] . B[depth, n] (+ C when accumulate); n % Lanes == 0. A[r][k] is
-/// a[r * lda + k * a_step]: a_step = 1 is row-major, lda = 1 reads a transposed matrix.
-HWY_INLINE void Gemm(int64_t m, int64_t n, int64_t depth, const float* a, int64_t lda,
-                     const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
-                     int64_t a_step = 1) {
+/// C[m, n] = A[m, depth] . B[depth, n] (+ C when accumulating); n % Lanes == 0. A is read
+/// through its two strides, so a transposed A needs no copy.
+HWY_INLINE void Gemm(GemmDims dims, StridedMatrix<const float> a, Matrix<const float> b,
+                     Matrix<float> c, GemmOutput output) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t vecs = n / lanes;
+  const int64_t vecs = dims.n / lanes;
   int64_t v = 0;
   for (; v + kGemmVecs <= vecs; v += kGemmVecs) {
-    GemmPanel<kGemmVecs>(m, a, lda, a_step, b + v * lanes, ldb, c + v * lanes, ldc, depth,
-                         accumulate);
+    GemmPanel<kGemmVecs>({dims.m, kGemmVecs * lanes, dims.depth}, a, b.from(0, v * lanes),
+                         c.from(0, v * lanes), output);
   }
   // The remaining vectors in one narrower panel (one vector per panel would make the loop
   // broadcast-bound: kGemmRows broadcasts per kGemmRows FMAs).
-  const float* bv = b + v * lanes;
-  float* cv = c + v * lanes;
-#define SDPA_GEMM_VECS_TAIL(V) \
-  return GemmPanel<V>(m, a, lda, a_step, bv, ldb, cv, ldc, depth, accumulate)
+  const GemmDims tail{dims.m, dims.n - v * lanes, dims.depth};
+  b = b.from(0, v * lanes);
+  c = c.from(0, v * lanes);
+#define SDPA_GEMM_VECS_TAIL(V) return GemmPanel<V>(tail, a, b, c, output)
   switch (vecs - v) {
     case 1: SDPA_GEMM_VECS_TAIL(1);
     case 2: SDPA_GEMM_VECS_TAIL(2);
@@ -141,37 +143,41 @@ HWY_INLINE void PanelSupport(const RowSupport& support, int64_t r, int64_t rows,
   }
 }
 
-/// S[m, kBlock] = A[m, depth] . B[depth, kBlock], computing for each panel of kGemmRows
-/// rows only the vectors covering its rows' support; the other entries are left as they
-/// were (the caller masks them). A triangle or band edge crossing the tile costs about
-/// half a tile instead of a whole one.
-HWY_INLINE void GemmRowSupport(int64_t m, int64_t n, int64_t depth, const float* a, int64_t lda,
-                               const float* b, int64_t ldb, float* c, int64_t ldc,
+/// S[m, n] = A[m, depth] . B[depth, n], computing for each panel of kGemmRows rows only
+/// the vectors covering its rows' support; the other entries are left as they were (the
+/// caller masks them). A triangle or band edge crossing the tile costs about half a tile
+/// instead of a whole one.
+HWY_INLINE void GemmRowSupport(GemmDims dims, StridedMatrix<const float> a,
+                               Matrix<const float> b, Matrix<float> c,
                                const RowSupport& support) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  for (int64_t r = 0; r < m; r += kGemmRows) {
-    const int64_t rows = std::min(kGemmRows, m - r);
+  for (int64_t r = 0; r < dims.m; r += kGemmRows) {
+    const int64_t rows = std::min(kGemmRows, dims.m - r);
     int64_t lo, hi;
     PanelSupport(support, r, rows, lo, hi);
     if (lo >= hi) continue;
     lo = lo / lanes * lanes;
-    hi = std::min(n, (hi + lanes - 1) / lanes * lanes);
-    Gemm(rows, hi - lo, depth, a + r * lda, lda, b + lo, ldb, c + r * ldc + lo, ldc, false);
+    hi = std::min(dims.n, (hi + lanes - 1) / lanes * lanes);
+    Gemm({rows, hi - lo, dims.depth}, a.from(r, 0), b.from(0, lo), c.from(r, lo),
+         GemmOutput::kOverwrite);
   }
 }
 
-/// C[m, n] += P[m, kBlock] . B[kBlock, n] where row r of P is zero outside its support:
-/// each panel of kGemmRows rows runs over the union of its rows' support only.
-HWY_INLINE void GemmAccumulateRowSupport(int64_t m, int64_t n, const float* p, int64_t ldp,
-                                         const float* b, int64_t ldb, float* c, int64_t ldc,
+/// C[m, n] += P[m, depth] . B[depth, n] where row r of P is zero outside its support:
+/// each panel of kGemmRows rows runs over the union of its rows' support (within depth)
+/// only.
+HWY_INLINE void GemmAccumulateRowSupport(GemmDims dims, StridedMatrix<const float> p,
+                                         Matrix<const float> b, Matrix<float> c,
                                          const RowSupport& support) {
-  for (int64_t r = 0; r < m; r += kGemmRows) {
-    const int64_t rows = std::min(kGemmRows, m - r);
+  for (int64_t r = 0; r < dims.m; r += kGemmRows) {
+    const int64_t rows = std::min(kGemmRows, dims.m - r);
     int64_t lo, hi;
     PanelSupport(support, r, rows, lo, hi);
+    hi = std::min(hi, dims.depth);
     if (lo >= hi) continue;
-    Gemm(rows, n, hi - lo, p + r * ldp + lo, ldp, b + lo * ldb, ldb, c + r * ldc, ldc, true);
+    Gemm({rows, dims.n, hi - lo}, p.from(r, lo), b.from(lo, 0), c.from(r, 0),
+         GemmOutput::kAccumulate);
   }
 }
 

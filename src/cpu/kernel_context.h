@@ -58,11 +58,6 @@ struct ForwardCall {
   const Tensor& out;
   float* lse;
   float scale;
-
-  /// The PackedKv generation of (b, kv head of h): one per (batch, kv head), from 1.
-  int64_t kv_generation(int64_t b, int64_t h) const {
-    return b * p.num_heads_kv + h / p.group_size() + 1;
-  }
 };
 
 struct FlexBackward;

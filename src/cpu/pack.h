@@ -11,26 +11,29 @@
 #include <vector>
 
 #include "cpu/flash_tile.h"
+#include "cpu/matrix_view.h"
 #include "cpu/pack_bf16.h"
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
 
-/// dst[c * ld + e] = rows[first + c][e] * multiplier for c < count, e < dim; columns
-/// [dim, ld) are zeroed so padded GEMM lanes read zeros.
-inline void pack_rows(const RowView& rows, int64_t first, int64_t count, int64_t dim, int64_t ld,
-                      float* dst, float multiplier = 1.0f) {
+/// dst(c, e) = rows[first + c][e] * multiplier for c < count, e < dim = rows.cols();
+/// columns [dim, dst.ld) are zeroed so padded GEMM lanes read zeros.
+inline void pack_rows(const RowView& rows, int64_t first, int64_t count, Matrix<float> dst,
+                      float multiplier = 1.0f) {
   for (int64_t c = 0; c < count; ++c) {
-    float* row = dst + c * ld;
+    float* row = dst.data + c * dst.ld;
     rows.load(first + c, row, multiplier);
-    std::fill(row + dim, row + ld, 0.0f);
+    std::fill(row + rows.cols(), row + dst.ld, 0.0f);
   }
 }
 
 /// Transposed pack of a key-like tile: dst[e * kBlockKv + c] = rows[first + c][e] for
-/// c < count, zero for count <= c < kBlockKv. `row_tmp` holds one converted row.
-inline void pack_transposed(const RowView& rows, int64_t first, int64_t count, int64_t dim,
-                            float* dst, float* row_tmp) {
+/// c < count, e < dim = rows.cols(); zero for count <= c < kBlockKv. `row_tmp` holds one
+/// converted row.
+inline void pack_transposed(const RowView& rows, int64_t first, int64_t count, float* dst,
+                            float* row_tmp) {
+  const int64_t dim = rows.cols();
   for (int64_t c = 0; c < count; ++c) {
     rows.load(first + c, row_tmp);
     for (int64_t e = 0; e < dim; ++e) dst[e * kBlockKv + c] = row_tmp[e];
@@ -63,8 +66,8 @@ class PackedKv {
   /// `bf16_pairs`: pack bfloat16 k and v as vdpbf16ps pairs (uses_bf16_dot) instead of
   /// float32.
   PackedKv(const AttentionParams& p, bool bf16_pairs)
-      : head_dim_qk_(p.head_dim_qk),
-        head_dim_vo_(p.head_dim_vo),
+      : kv_len_(p.kv_len),
+        head_dim_qk_(p.head_dim_qk),
         head_dim_vo_padded_(round_up(std::max<int64_t>(p.head_dim_vo, 1), kMaxLanes)),
         bf16_pairs_(bf16_pairs),
         v_in_place_(!bf16_pairs && p.v.dtype() == DType::kFloat32 && p.v.stride(3) == 1 &&
@@ -87,19 +90,20 @@ class PackedKv {
   int64_t num_tiles() const { return num_tiles_; }
 
   /// Tile `tile` of (b, hk), packing it first when no thread has yet for this (b, hk).
-  /// `generation` numbers the (b, hk) being computed (1, 2, ...) and picks its slot: the
-  /// caller must not start generation g + kSlots while any thread still reads tiles of g.
-  /// Safe to call from several threads: one packs, the others wait for it. `row_tmp`
-  /// holds max(E, Ev) floats.
-  Tile tile(const AttentionParams& p, int64_t b, int64_t hk, int64_t tile, int64_t generation,
-            float* row_tmp) const {
+  /// (b, hk) is generation g = b * Hkv + hk + 1, which picks its slot: the caller must not
+  /// start generation g + kSlots while any thread still reads tiles of g. Safe to call
+  /// from several threads: one packs, the others wait for it. `row_tmp` holds max(E, Ev)
+  /// floats.
+  Tile tile(const AttentionParams& p, int64_t b, int64_t hk, int64_t tile, float* row_tmp) const {
+    // From 1: the counters below start at 0, "no generation".
+    const int64_t generation = b * p.num_heads_kv + hk + 1;
     const int64_t slot_tile = generation % kSlots * num_tiles_ + tile;
     std::atomic<int64_t>& ready = ready_[static_cast<size_t>(slot_tile)];
     std::atomic<int64_t>& claimed = claimed_[static_cast<size_t>(slot_tile)];
     if (ready.load(std::memory_order_acquire) != generation) {
       int64_t seen = claimed.load(std::memory_order_relaxed);
       if (seen != generation && claimed.compare_exchange_strong(seen, generation)) {
-        pack(p, b, hk, tile, base(slot_tile), row_tmp);
+        pack(RowView(p.k, b, hk), RowView(p.v, b, hk), tile, base(slot_tile), row_tmp);
         ready.store(generation, std::memory_order_release);
       } else {
         while (ready.load(std::memory_order_acquire) != generation) std::this_thread::yield();
@@ -119,27 +123,28 @@ class PackedKv {
   }
 
  private:
-  // Reads only the call's inputs and writes only this tile's slot, so it cannot fail.
-  void pack(const AttentionParams& p, int64_t b, int64_t hk, int64_t tile, float* k_t,
-            float* row_tmp) const {
+  // Packs key tile `tile` of the kv head whose rows are k and v. Reads only the call's
+  // inputs and writes only this tile's slot, so it cannot fail.
+  void pack(const RowView& k, const RowView& v, int64_t tile, float* k_t, float* row_tmp) const {
     const int64_t first = tile * kBlockKv;
-    const int64_t count = std::min(kBlockKv, p.kv_len - first);
-    if (bf16_pairs_) return pack_pairs(p, b, hk, first, count, reinterpret_cast<uint16_t*>(k_t));
-    pack_transposed(RowView(p.k, b, hk), first, count, head_dim_qk_, k_t, row_tmp);
+    const int64_t count = std::min(kBlockKv, kv_len_ - first);
+    if (bf16_pairs_) return pack_pairs(k, v, first, count, reinterpret_cast<uint16_t*>(k_t));
+    pack_transposed(k, first, count, k_t, row_tmp);
     if (v_in_place_) return;
-    float* v = k_t + head_dim_qk_ * kBlockKv;
-    pack_rows(RowView(p.v, b, hk), first, count, head_dim_vo_, head_dim_vo_padded_, v);
-    std::fill(v + count * head_dim_vo_padded_, v + kBlockKv * head_dim_vo_padded_, 0.0f);
+    float* v_tile = k_t + head_dim_qk_ * kBlockKv;
+    pack_rows(v, first, count, {v_tile, head_dim_vo_padded_});
+    std::fill(v_tile + count * head_dim_vo_padded_, v_tile + kBlockKv * head_dim_vo_padded_,
+              0.0f);
   }
 
   // bf16 bits of k and v rows [first, first + count) as vdpbf16ps pairs (bf16_dot.h):
   // k pairs over the head dim, v pairs over the keys; padding keys are zero.
-  void pack_pairs(const AttentionParams& p, int64_t b, int64_t hk, int64_t first, int64_t count,
+  void pack_pairs(const RowView& k, const RowView& v, int64_t first, int64_t count,
                   uint16_t* k_pairs) const {
     const int64_t ev = head_dim_vo_padded_;
     uint16_t* v_pairs = k_pairs + round_up(head_dim_qk_, 2) * kBlockKv;
-    pack_bf16_dim_pairs(RowView(p.k, b, hk), first, count, head_dim_qk_, kBlockKv, k_pairs);
-    pack_bf16_row_pairs(RowView(p.v, b, hk), first, count, head_dim_vo_, ev, v_pairs);
+    pack_bf16_dim_pairs(k, first, count, kBlockKv, k_pairs);
+    pack_bf16_row_pairs(v, first, count, ev, v_pairs);
     const int64_t packed = count + count % 2;
     std::fill(v_pairs + packed * ev, v_pairs + kBlockKv * ev, uint16_t{0});
   }
@@ -147,7 +152,7 @@ class PackedKv {
   float* base(int64_t slot_tile) const {
     return buffer_.data<float>() + slot_tile * tile_floats_;
   }
-  int64_t head_dim_qk_, head_dim_vo_, head_dim_vo_padded_;
+  int64_t kv_len_, head_dim_qk_, head_dim_vo_padded_;
   bool bf16_pairs_;
   bool v_in_place_;
   int64_t tile_floats_, num_tiles_;

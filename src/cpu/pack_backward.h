@@ -32,7 +32,6 @@ class PackedBackwardGroup {
       : bf16_(bf16),
         q_len_(p.q_len),
         e_(p.head_dim_qk),
-        ev_(p.head_dim_vo),
         e_pad_(round_up(p.head_dim_qk, kMaxLanes)),
         ev_pad_(round_up(std::max<int64_t>(p.head_dim_vo, 1), kMaxLanes)),
         e2_(round_up(p.head_dim_qk, 2)),
@@ -90,10 +89,10 @@ class PackedBackwardGroup {
     const int64_t first = tile * kBlockKv, count = std::min(kBlockKv, p.kv_len - first);
     const RowView k_rows(p.k, b, hk), v_rows(p.v, b, hk);
     if (bf16_) {
-      pack_bf16_dim_pairs(k_rows, first, count, e_, kBlockKv, mutable_bits(k_dim_pairs(tile)));
-      pack_bf16_dim_pairs(v_rows, first, count, ev_, kBlockKv, mutable_bits(v_dim_pairs(tile)));
+      pack_bf16_dim_pairs(k_rows, first, count, kBlockKv, mutable_bits(k_dim_pairs(tile)));
+      pack_bf16_dim_pairs(v_rows, first, count, kBlockKv, mutable_bits(v_dim_pairs(tile)));
       uint16_t* k_pairs = mutable_bits(k_key_pairs(tile));
-      pack_bf16_row_pairs(k_rows, first, count, e_, e_pad_, k_pairs);
+      pack_bf16_row_pairs(k_rows, first, count, e_pad_, k_pairs);
       std::fill(k_pairs + (count + count % 2) * e_pad_, k_pairs + kBlockKv * e_pad_,
                 uint16_t{0});
       return;
@@ -101,10 +100,10 @@ class PackedBackwardGroup {
     float* k_t = kv_base(tile);
     float* k = k_t + e_ * kBlockKv;
     float* v_t = k + kBlockKv * e_pad_;
-    pack_transposed(k_rows, first, count, e_, k_t, row_tmp);
-    pack_rows(k_rows, first, count, e_, e_pad_, k);
+    pack_transposed(k_rows, first, count, k_t, row_tmp);
+    pack_rows(k_rows, first, count, {k, e_pad_});
     std::fill(k + count * e_pad_, k + kBlockKv * e_pad_, 0.0f);
-    pack_transposed(v_rows, first, count, ev_, v_t, row_tmp);
+    pack_transposed(v_rows, first, count, v_t, row_tmp);
   }
 
   /// Packs rows [q_begin, q_begin + kBlockQ) of query head g of (b, hk)'s group.
@@ -112,18 +111,17 @@ class PackedBackwardGroup {
     const int64_t h = hk * p.group_size() + g, count = std::min(kBlockQ, p.q_len - q_begin);
     const RowView q_rows(p.q, b, h), dout_rows(p.grad_out, b, h);
     if (bf16_) {
-      pack_bf16_rows(q_rows, q_begin, count, e_, e2_, mutable_bits(q_bf16(g, q_begin)));
-      pack_bf16_rows(dout_rows, q_begin, count, ev_, ev2_, mutable_bits(dout_bf16(g, q_begin)));
-      pack_bf16_row_pairs(q_rows, q_begin, count, e_, e_pad_,
-                          mutable_bits(q_row_pairs(g, q_begin)));
-      pack_bf16_row_pairs(dout_rows, q_begin, count, ev_, ev_pad_,
+      pack_bf16_rows(q_rows, q_begin, count, {mutable_bits(q_bf16(g, q_begin)), e2_});
+      pack_bf16_rows(dout_rows, q_begin, count, {mutable_bits(dout_bf16(g, q_begin)), ev2_});
+      pack_bf16_row_pairs(q_rows, q_begin, count, e_pad_, mutable_bits(q_row_pairs(g, q_begin)));
+      pack_bf16_row_pairs(dout_rows, q_begin, count, ev_pad_,
                           mutable_bits(dout_row_pairs(g, q_begin)));
       return;
     }
-    pack_rows(q_rows, q_begin, count, e_, e_pad_, q_base(g) + q_begin * e_pad_,
+    pack_rows(q_rows, q_begin, count, {q_base(g) + q_begin * e_pad_, e_pad_},
               static_cast<float>(p.scale));
-    pack_rows(dout_rows, q_begin, count, ev_, ev_pad_,
-              q_base(g) + q_len_ * e_pad_ + q_begin * ev_pad_);
+    pack_rows(dout_rows, q_begin, count,
+              {q_base(g) + q_len_ * e_pad_ + q_begin * ev_pad_, ev_pad_});
   }
 
  private:
@@ -152,7 +150,7 @@ class PackedBackwardGroup {
   static uint16_t* mutable_bits(const uint16_t* p) { return const_cast<uint16_t*>(p); }
 
   bool bf16_;
-  int64_t q_len_, e_, ev_, e_pad_, ev_pad_, e2_, ev2_, tile_floats_, head_floats_, num_tiles_;
+  int64_t q_len_, e_, e_pad_, ev_pad_, e2_, ev2_, tile_floats_, head_floats_, num_tiles_;
   Tensor kv_, q_;
 };
 

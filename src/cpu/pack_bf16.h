@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/matrix_view.h"
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
@@ -55,8 +56,8 @@ __attribute__((target("avx512f"))) inline void Transpose16x16Words(__m512i (&r)[
 
 // pack_bf16_dim_pairs for contiguous rows: blocks of 16 rows x 16 element pairs.
 __attribute__((target("avx512f,avx512bw"))) inline void PackDimPairsAvx512(
-    const RowView& rows, int64_t first, int64_t count, int64_t dim, int64_t n, uint16_t* dst) {
-  const int64_t pairs = (dim + 1) / 2;
+    const RowView& rows, int64_t first, int64_t count, int64_t n, uint16_t* dst) {
+  const int64_t dim = rows.cols(), pairs = (dim + 1) / 2;
   for (int64_t c0 = 0; c0 < count; c0 += 16) {
     for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
       const __mmask32 lanes = FirstBf16Lanes(dim - 2 * p0);  // an odd dim's last pair: (x, 0)
@@ -81,7 +82,8 @@ __attribute__((target("avx512f,avx512bw"))) inline void PackDimPairsAvx512(
 // pack_bf16_row_pairs for contiguous rows: rows 2d and 2d + 1 interleaved 32 elements at a
 // time.
 __attribute__((target("avx512f,avx512bw"))) inline void PackRowPairsAvx512(
-    const RowView& rows, int64_t first, int64_t count, int64_t dim, int64_t ld, uint16_t* dst) {
+    const RowView& rows, int64_t first, int64_t count, int64_t ld, uint16_t* dst) {
+  const int64_t dim = rows.cols();
   alignas(64) uint16_t order[2][32];  // output lane 2l <- x lane l, 2l + 1 <- y lane l
   for (int l = 0; l < 16; ++l) {
     for (int half = 0; half < 2; ++half) {
@@ -109,31 +111,32 @@ __attribute__((target("avx512f,avx512bw"))) inline void PackRowPairsAvx512(
   }
 }
 
-/// dst[c * ld + e] = rows[first + c][e] for c < count, e < dim; zero for dim <= e < ld.
-/// `rows` holds bfloat16.
-inline void pack_bf16_rows(const RowView& rows, int64_t first, int64_t count, int64_t dim,
-                           int64_t ld, uint16_t* dst) {
+/// dst(c, e) = rows[first + c][e] for c < count, e < dim = rows.cols(); zero for
+/// dim <= e < dst.ld. `rows` holds bfloat16.
+inline void pack_bf16_rows(const RowView& rows, int64_t first, int64_t count,
+                           Matrix<uint16_t> dst) {
+  const int64_t dim = rows.cols();
   for (int64_t c = 0; c < count; ++c) {
     const uint16_t* src = static_cast<const uint16_t*>(rows.row_data(first + c));
-    uint16_t* row = dst + c * ld;
+    uint16_t* row = dst.data + c * dst.ld;
     if (rows.col_stride() == 1) {
       std::memcpy(row, src, static_cast<size_t>(dim) * sizeof(uint16_t));
     } else {
       for (int64_t e = 0; e < dim; ++e) row[e] = src[e * rows.col_stride()];
     }
-    std::fill(row + dim, row + ld, uint16_t{0});
+    std::fill(row + dim, row + dst.ld, uint16_t{0});
   }
 }
 
-/// Pairs over the head dim, [round_up(dim, 2) / 2][n][2]: element e of row first + c at
-/// dst[(e / 2) * 2 n + 2 c + e % 2] for c < n; zero where c >= count or e >= dim.
-/// n a multiple of 16.
-inline void pack_bf16_dim_pairs(const RowView& rows, int64_t first, int64_t count, int64_t dim,
-                                int64_t n, uint16_t* dst) {
-  const int64_t dim2 = dim + dim % 2;
+/// Pairs over the head dim, [round_up(dim, 2) / 2][n][2] (dim = rows.cols()): element e
+/// of row first + c at dst[(e / 2) * 2 n + 2 c + e % 2] for c < n; zero where c >= count
+/// or e >= dim. n a multiple of 16.
+inline void pack_bf16_dim_pairs(const RowView& rows, int64_t first, int64_t count, int64_t n,
+                                uint16_t* dst) {
+  const int64_t dim = rows.cols(), dim2 = dim + dim % 2;
   std::fill(dst, dst + dim2 * n, uint16_t{0});
   if (rows.col_stride() == 1 && __builtin_cpu_supports("avx512bw")) {
-    return PackDimPairsAvx512(rows, first, count, dim, n, dst);
+    return PackDimPairsAvx512(rows, first, count, n, dst);
   }
   for (int64_t c = 0; c < count; ++c) {
     const uint16_t* src = static_cast<const uint16_t*>(rows.row_data(first + c));
@@ -144,13 +147,15 @@ inline void pack_bf16_dim_pairs(const RowView& rows, int64_t first, int64_t coun
 }
 
 /// Pairs over the rows, [round_up(count, 2) / 2][ld][2]: element e of row first + c at
-/// dst[(c / 2) * 2 ld + 2 e + c % 2]; zero where e >= dim and in the odd count's last pair.
-inline void pack_bf16_row_pairs(const RowView& rows, int64_t first, int64_t count, int64_t dim,
-                                int64_t ld, uint16_t* dst) {
+/// dst[(c / 2) * 2 ld + 2 e + c % 2]; zero where e >= dim = rows.cols() and in the odd
+/// count's last pair.
+inline void pack_bf16_row_pairs(const RowView& rows, int64_t first, int64_t count, int64_t ld,
+                                uint16_t* dst) {
   std::fill(dst, dst + (count + count % 2) * ld, uint16_t{0});
   if (rows.col_stride() == 1 && __builtin_cpu_supports("avx512bw")) {
-    return PackRowPairsAvx512(rows, first, count, dim, ld, dst);
+    return PackRowPairsAvx512(rows, first, count, ld, dst);
   }
+  const int64_t dim = rows.cols();
   for (int64_t c = 0; c < count; ++c) {
     const uint16_t* src = static_cast<const uint16_t*>(rows.row_data(first + c));
     uint16_t* pair = dst + (c / 2) * 2 * ld + c % 2;

@@ -20,13 +20,12 @@ namespace {
 // a block whose captured reads interval analysis could not keep in bounds is evaluated
 // completely, so an out-of-range read anywhere in it raises here, as PyTorch's dense
 // evaluation would, instead of surfacing (or not) in a kernel later.
-BlockVerdict evaluate_block(const Program& mask, int64_t b, int64_t h, int64_t q0, int64_t q1,
-                            int64_t k0, int64_t k1, bool every_element) {
+BlockVerdict evaluate_block(const Program& mask, const IndexBlock& block, bool every_element) {
   ScalarEvaluator eval(*mask.compiled(), mask.captured());
   bool any_true = false, any_false = false;
-  for (int64_t i = q0; i < q1; ++i) {
-    for (int64_t j = k0; j < k1; ++j) {
-      (eval.run(0.0, b, h, i, j) != 0.0 ? any_true : any_false) = true;
+  for (int64_t i = block.q_lo; i <= block.q_hi; ++i) {
+    for (int64_t j = block.kv_lo; j <= block.kv_hi; ++j) {
+      (eval.run(0.0, block.b, block.h, i, j) != 0.0 ? any_true : any_false) = true;
       if (any_true && any_false && !every_element) return BlockVerdict::kUnknown;
     }
   }
@@ -34,18 +33,34 @@ BlockVerdict evaluate_block(const Program& mask, int64_t b, int64_t h, int64_t q
   return any_true ? BlockVerdict::kFull : BlockVerdict::kEmpty;
 }
 
-// Fills num [.., n_rows] and indices [.., n_rows, n_cols] for one (b, h) from a status
-// grid row-major [n_rows, n_cols], listing columns whose status equals `want`.
-void fill_lists(const std::vector<uint8_t>& status, int64_t n_rows, int64_t n_cols,
-                bool transpose, uint8_t want, int32_t* num, int32_t* indices) {
-  for (int64_t r = 0; r < n_rows; ++r) {
+// The block statuses of one (b, h) as an n_rows x n_cols grid: `status` is row-major
+// [n_rows, n_cols], or [n_cols, n_rows] read transposed.
+struct StatusGrid {
+  const std::vector<uint8_t>& status;
+  int64_t n_rows, n_cols;
+  bool transpose;
+
+  uint8_t at(int64_t r, int64_t c) const {
+    return transpose ? status[c * n_rows + r] : status[r * n_cols + c];
+  }
+};
+
+// One list of a BlockMask for one (b, h): num [n_rows] and indices [n_rows, n_cols].
+struct BlockList {
+  int32_t* num;
+  int32_t* indices;
+};
+
+// Fills `list` with, per row of `grid`, the columns whose status equals `want`.
+void fill_lists(const StatusGrid& grid, uint8_t want, BlockList list) {
+  const int64_t n_cols = grid.n_cols;
+  for (int64_t r = 0; r < grid.n_rows; ++r) {
     int32_t count = 0;
     for (int64_t c = 0; c < n_cols; ++c) {
-      const uint8_t s = transpose ? status[c * n_rows + r] : status[r * n_cols + c];
-      if (s == want) indices[r * n_cols + count++] = static_cast<int32_t>(c);
+      if (grid.at(r, c) == want) list.indices[r * n_cols + count++] = static_cast<int32_t>(c);
     }
-    for (int64_t c = count; c < n_cols; ++c) indices[r * n_cols + c] = 0;
-    num[r] = count;
+    for (int64_t c = count; c < n_cols; ++c) list.indices[r * n_cols + c] = 0;
+    list.num[r] = count;
   }
 }
 
@@ -109,11 +124,11 @@ BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_
           const int64_t q0 = qb * block_size, q1 = std::min(q_len, q0 + block_size);
           for (int64_t kb = 0; kb < nkv; ++kb) {
             const int64_t k0 = kb * block_size, k1 = std::min(kv_len, k0 + block_size);
+            const IndexBlock block{b, h, q0, q1 - 1, k0, k1 - 1};
             bool reads_in_bounds = true;
-            BlockVerdict v = classify_block(prog, mask_mod.captured(), b, h, q0, q1 - 1, k0, k1 - 1,
-                                            &reads_in_bounds);
+            BlockVerdict v = classify_block(prog, mask_mod.captured(), block, &reads_in_bounds);
             if (v == BlockVerdict::kUnknown || !reads_in_bounds) {
-              v = evaluate_block(mask_mod, b, h, q0, q1, k0, k1, !reads_in_bounds);
+              v = evaluate_block(mask_mod, block, !reads_in_bounds);
             }
             status[qb * nkv + kb] = v == BlockVerdict::kFull    ? kFull
                                     : v == BlockVerdict::kEmpty ? kEmpty
@@ -126,14 +141,16 @@ BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_
       }
     });
     if (error) std::rethrow_exception(error);
-    fill_lists(status, nq, nkv, false, kPartial, m.kv_num_blocks.data<int32_t>() + item * nq,
-               m.kv_indices.data<int32_t>() + item * nq * nkv);
-    fill_lists(status, nq, nkv, false, kFull, m.full_kv_num_blocks.data<int32_t>() + item * nq,
-               m.full_kv_indices.data<int32_t>() + item * nq * nkv);
-    fill_lists(status, nkv, nq, true, kPartial, m.q_num_blocks.data<int32_t>() + item * nkv,
-               m.q_indices.data<int32_t>() + item * nkv * nq);
-    fill_lists(status, nkv, nq, true, kFull, m.full_q_num_blocks.data<int32_t>() + item * nkv,
-               m.full_q_indices.data<int32_t>() + item * nkv * nq);
+    // The kv lists run along the grid's rows (per q block), the q lists down its columns.
+    const StatusGrid by_q{status, nq, nkv, false}, by_kv{status, nkv, nq, true};
+    fill_lists(by_q, kPartial, {m.kv_num_blocks.data<int32_t>() + item * nq,
+                                m.kv_indices.data<int32_t>() + item * nq * nkv});
+    fill_lists(by_q, kFull, {m.full_kv_num_blocks.data<int32_t>() + item * nq,
+                             m.full_kv_indices.data<int32_t>() + item * nq * nkv});
+    fill_lists(by_kv, kPartial, {m.q_num_blocks.data<int32_t>() + item * nkv,
+                                 m.q_indices.data<int32_t>() + item * nkv * nq});
+    fill_lists(by_kv, kFull, {m.full_q_num_blocks.data<int32_t>() + item * nkv,
+                              m.full_q_indices.data<int32_t>() + item * nkv * nq});
   }
   return m;
 }

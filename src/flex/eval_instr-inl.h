@@ -305,7 +305,7 @@ HWY_INLINE void Read(RowBuffers& buf, const Instr& in, R* out, const Pass& p) {
         if (!inside && ok[j]) {
           if (p.shape == Shape::kScore) {
             const auto [q, kv] = Position(buf, p, r, j);
-            throw_out_of_range(c, d, v, buf.chunk_b, buf.chunk_h, q, kv);
+            throw_out_of_range(c, d, v, {buf.chunk_b, buf.chunk_h, q, kv});
           }
           MarkBad(buf, p, r, j);
         }

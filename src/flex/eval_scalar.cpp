@@ -15,12 +15,11 @@ double read_captured(const Captured& c, const int64_t* index) {
   return detail::load_element(t.data_ptr(), t.dtype(), off);
 }
 
-void throw_out_of_range(const Captured& c, int64_t dim, int64_t index, int64_t b, int64_t h,
-                        int64_t q_idx, int64_t kv_idx) {
+void throw_out_of_range(const Captured& c, int64_t dim, int64_t index, const ModIndex& at) {
   detail::throw_error("flex: captured tensor '", c.name(), "' ", shape_str(c.tensor().sizes()),
                       ": index ", index, " out of range for dimension ", dim, " (size ",
-                      c.tensor().size(dim), ") at b=", b, ", h=", h, ", q_idx=", q_idx,
-                      ", kv_idx=", kv_idx);
+                      c.tensor().size(dim), ") at b=", at.b, ", h=", at.h, ", q_idx=", at.q_idx,
+                      ", kv_idx=", at.kv_idx);
 }
 
 int64_t floor_div_int(int64_t a, int64_t b) {
@@ -37,16 +36,15 @@ int64_t floor_mod_int(int64_t a, int64_t b) {
   return a - floor_div_int(a, b) * b;
 }
 
-double ScalarEvaluator::step(const Instr& in, double score, int64_t b, int64_t h, int64_t q_idx,
-                             int64_t kv_idx) const {
+double ScalarEvaluator::step(const Instr& in, double score, const ModIndex& at) const {
   auto arg = [&](int k) { return values_[in.args[k]]; };
   auto as_int = [&](int k) { return static_cast<int64_t>(values_[in.args[k]]); };
   switch (in.op) {
     case Op::kScore: return score;
-    case Op::kBatch: return static_cast<double>(b);
-    case Op::kHead: return static_cast<double>(h);
-    case Op::kQIdx: return static_cast<double>(q_idx);
-    case Op::kKvIdx: return static_cast<double>(kv_idx);
+    case Op::kBatch: return static_cast<double>(at.b);
+    case Op::kHead: return static_cast<double>(at.h);
+    case Op::kQIdx: return static_cast<double>(at.q_idx);
+    case Op::kKvIdx: return static_cast<double>(at.kv_idx);
     case Op::kConst: return in.constant;
     case Op::kRead: {
       const Captured& c = captured_[in.slot];
@@ -54,7 +52,7 @@ double ScalarEvaluator::step(const Instr& in, double score, int64_t b, int64_t h
       for (size_t d = 0; d < in.args.size(); ++d) {
         index[d] = as_int(static_cast<int>(d));
         if (index[d] < 0 || index[d] >= c.tensor().size(static_cast<int64_t>(d))) {
-          throw_out_of_range(c, static_cast<int64_t>(d), index[d], b, h, q_idx, kv_idx);
+          throw_out_of_range(c, static_cast<int64_t>(d), index[d], at);
         }
       }
       return read_captured(c, index);
@@ -91,14 +89,16 @@ double ScalarEvaluator::step(const Instr& in, double score, int64_t b, int64_t h
 
 double ScalarEvaluator::run(double score, int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx) {
   const auto& code = program_.code;
-  for (size_t i = 0; i < code.size(); ++i) values_[i] = step(code[i], score, b, h, q_idx, kv_idx);
+  const ModIndex at{b, h, q_idx, kv_idx};
+  for (size_t i = 0; i < code.size(); ++i) values_[i] = step(code[i], score, at);
   return values_[program_.result];
 }
 
 void ScalarEvaluator::run_uniform(int64_t b, int64_t h, int64_t q_idx) {
   const auto& code = program_.code;
+  const ModIndex at{b, h, q_idx, 0};
   for (size_t i = 0; i < code.size(); ++i) {
-    if (code[i].uniform) values_[i] = step(code[i], 0.0, b, h, q_idx, 0);
+    if (code[i].uniform) values_[i] = step(code[i], 0.0, at);
   }
 }
 

@@ -9,12 +9,18 @@
 
 namespace sdpa::flex {
 
+/// The index arguments of one evaluation of a mod.
+struct ModIndex {
+  int64_t b, h, q_idx, kv_idx;
+};
+
 /// Reads captured tensor `c` at `index` (already bounds-checked) as double.
 double read_captured(const Captured& c, const int64_t* index);
 
-/// Throws sdpa::Error describing an out-of-range captured read.
-[[noreturn]] void throw_out_of_range(const Captured& c, int64_t dim, int64_t index, int64_t b,
-                                     int64_t h, int64_t q_idx, int64_t kv_idx);
+/// Throws sdpa::Error describing an out-of-range captured read: `index` in dimension `dim`
+/// of `c`, evaluating the mod at `at`.
+[[noreturn]] void throw_out_of_range(const Captured& c, int64_t dim, int64_t index,
+                                     const ModIndex& at);
 
 /// Integer floor division / modulo with Python semantics; throws on division by zero.
 int64_t floor_div_int(int64_t a, int64_t b);
@@ -33,8 +39,7 @@ class ScalarEvaluator {
   double value(int32_t i) const { return values_[i]; }
 
  private:
-  double step(const Instr& in, double score, int64_t b, int64_t h, int64_t q_idx,
-              int64_t kv_idx) const;
+  double step(const Instr& in, double score, const ModIndex& at) const;
   const CompiledProgram& program_;
   const std::vector<Captured>& captured_;
   std::vector<double> values_;

@@ -76,8 +76,7 @@ Interval read_range(const Captured& c, const std::vector<Interval>& box) {
 }  // namespace
 
 BlockVerdict classify_block(const CompiledProgram& program, const std::vector<Captured>& captured,
-                            int64_t b, int64_t h, int64_t q_lo, int64_t q_hi, int64_t kv_lo,
-                            int64_t kv_hi, bool* reads_in_bounds) {
+                            const IndexBlock& block, bool* reads_in_bounds) {
   std::vector<Interval> v(program.code.size());
   bool in_bounds = true;
   for (size_t k = 0; k < program.code.size(); ++k) {
@@ -88,10 +87,12 @@ BlockVerdict classify_block(const CompiledProgram& program, const std::vector<Ca
     Interval r = kAll;
     switch (in.op) {
       case Op::kScore: r = kAll; break;
-      case Op::kBatch: r = point(static_cast<double>(b)); break;
-      case Op::kHead: r = point(static_cast<double>(h)); break;
-      case Op::kQIdx: r = {static_cast<double>(q_lo), static_cast<double>(q_hi)}; break;
-      case Op::kKvIdx: r = {static_cast<double>(kv_lo), static_cast<double>(kv_hi)}; break;
+      case Op::kBatch: r = point(static_cast<double>(block.b)); break;
+      case Op::kHead: r = point(static_cast<double>(block.h)); break;
+      case Op::kQIdx: r = {static_cast<double>(block.q_lo), static_cast<double>(block.q_hi)}; break;
+      case Op::kKvIdx:
+        r = {static_cast<double>(block.kv_lo), static_cast<double>(block.kv_hi)};
+        break;
       case Op::kConst: r = point(in.constant); break;
       case Op::kRead: {
         std::vector<Interval> box;

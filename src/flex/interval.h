@@ -18,15 +18,22 @@ struct Interval {
 /// What a mask_mod does on a block.
 enum class BlockVerdict { kEmpty, kFull, kUnknown };
 
-/// Bounds the program for b, h fixed, q_idx in [q_lo, q_hi], kv_idx in [kv_lo, kv_hi]
-/// (score unbounded). Returns the verdict of a bool result: kFull when provably true for
-/// every element, kEmpty when provably false, else kUnknown. Float comparisons decide only
-/// with a relative margin, so float32 evaluation in the kernels cannot disagree.
+/// A block of a mod's index arguments: b and h fixed, q_idx in [q_lo, q_hi], kv_idx in
+/// [kv_lo, kv_hi] (bounds included).
+struct IndexBlock {
+  int64_t b, h;
+  int64_t q_lo, q_hi;
+  int64_t kv_lo, kv_hi;
+};
+
+/// Bounds the program on `block` (score unbounded). Returns the verdict of a bool result:
+/// kFull when provably true for every element, kEmpty when provably false, else kUnknown.
+/// Float comparisons decide only with a relative margin, so float32 evaluation in the
+/// kernels cannot disagree.
 /// `reads_in_bounds`, when non-null, is set to whether every captured-tensor read of the
 /// program provably stays inside its tensor on the block (false when it may not: the
 /// caller must then evaluate the block's elements to find or rule out a bad read).
 BlockVerdict classify_block(const CompiledProgram& program, const std::vector<Captured>& captured,
-                            int64_t b, int64_t h, int64_t q_lo, int64_t q_hi, int64_t kv_lo,
-                            int64_t kv_hi, bool* reads_in_bounds = nullptr);
+                            const IndexBlock& block, bool* reads_in_bounds = nullptr);
 
 }  // namespace sdpa::flex

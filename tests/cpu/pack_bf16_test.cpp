@@ -49,7 +49,7 @@ TEST(PackBf16, DimPairsMatchTheirLayout) {
         const Rows rows(kFirst + count, dim, col_stride);
         const int64_t dim2 = dim + dim % 2;
         std::vector<uint16_t> got(static_cast<size_t>(dim2 * n), 0xABCD);
-        pack_bf16_dim_pairs(RowView(rows.tensor, 0, 0), kFirst, count, dim, n, got.data());
+        pack_bf16_dim_pairs(RowView(rows.tensor, 0, 0), kFirst, count, n, got.data());
         for (int64_t e = 0; e < dim2; ++e) {
           for (int64_t c = 0; c < n; ++c) {
             const uint16_t want = c < count && e < dim ? rows.at(kFirst + c, e) : 0;
@@ -71,7 +71,7 @@ TEST(PackBf16, RowPairsMatchTheirLayout) {
         const int64_t ld = (dim + 15) / 16 * 16 + 16;
         const int64_t count2 = count + count % 2;
         std::vector<uint16_t> got(static_cast<size_t>(count2 * ld + 64), 0xABCD);
-        pack_bf16_row_pairs(RowView(rows.tensor, 0, 0), kFirst, count, dim, ld, got.data());
+        pack_bf16_row_pairs(RowView(rows.tensor, 0, 0), kFirst, count, ld, got.data());
         for (int64_t c = 0; c < count2; ++c) {
           for (int64_t e = 0; e < ld; ++e) {
             const uint16_t want = c < count && e < dim ? rows.at(kFirst + c, e) : 0;
@@ -95,7 +95,7 @@ TEST(PackBf16, RowsMatchTheirLayout) {
       const int64_t count = 17, ld = dim + 5;
       const Rows rows(kFirst + count, dim, col_stride);
       std::vector<uint16_t> got(static_cast<size_t>(count * ld), 0xABCD);
-      pack_bf16_rows(RowView(rows.tensor, 0, 0), kFirst, count, dim, ld, got.data());
+      pack_bf16_rows(RowView(rows.tensor, 0, 0), kFirst, count, {got.data(), ld});
       for (int64_t c = 0; c < count; ++c) {
         for (int64_t e = 0; e < ld; ++e) {
           ASSERT_EQ(got[static_cast<size_t>(c * ld + e)], e < dim ? rows.at(kFirst + c, e) : 0)

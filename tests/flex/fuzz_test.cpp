@@ -492,8 +492,8 @@ TEST(FlexFuzz, IntervalAnalysisIsSound) {
       range(d.S, kv_lo, kv_hi);
       const int64_t b = std::uniform_int_distribution<int64_t>(0, d.B - 1)(rng);
       const int64_t h = std::uniform_int_distribution<int64_t>(0, d.H - 1)(rng);
-      const auto verdict = sdpa::flex::classify_block(*mask.compiled(), mask.captured(), b, h,
-                                                      q_lo, q_hi, kv_lo, kv_hi);
+      const auto verdict = sdpa::flex::classify_block(*mask.compiled(), mask.captured(),
+                                                      {b, h, q_lo, q_hi, kv_lo, kv_hi});
       ++boxes;
       if (verdict == sdpa::flex::BlockVerdict::kUnknown) continue;
       ++decided;
