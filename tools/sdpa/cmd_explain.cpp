@@ -32,11 +32,18 @@ struct ExplainOptions {
   bool priority = false;
 };
 
-// Returns an uninitialized [batch, heads, seq, dim] view; with layout bshd the memory is
-// [batch, seq, heads, dim] (the layout of a projection's output before transposing).
+// A tensor of `shape` that explain can describe and validate without memory: a broadcast
+// view of one zero element. Selection reads shapes, dtypes and devices only, and real
+// tensors of a 2^32-long call would need terabytes.
+Tensor placeholder(const Shape& shape, DType dtype) {
+  return Tensor::zeros({1}, dtype).expand(shape);
+}
+
+// A [batch, heads, seq, dim] input; with layout bshd a transposed [batch, seq, heads, dim]
+// (the layout of a projection's output before transposing).
 Tensor make_input(const ExplainOptions& o, int64_t heads, int64_t seq, int64_t dim, DType dtype) {
-  if (o.layout == "bshd") return Tensor::empty({o.batch, seq, heads, dim}, dtype).transpose(1, 2);
-  return Tensor::empty({o.batch, heads, seq, dim}, dtype);
+  if (o.layout == "bshd") return placeholder({o.batch, seq, heads, dim}, dtype).transpose(1, 2);
+  return placeholder({o.batch, heads, seq, dim}, dtype);
 }
 
 int run_explain(const ExplainOptions& o) {
@@ -54,8 +61,8 @@ int run_explain(const ExplainOptions& o) {
     throw UsageError("--bias and --mask are exclusive");
   // [B, 1, L, S]: one mask per sequence (padding-style), broadcast over heads.
   if (o.mask == "bool")
-    options.attn_mask = Tensor::empty({o.batch, 1, o.q_len, kv_len}, DType::kBool);
-  if (o.mask == "float") options.attn_mask = Tensor::empty({o.batch, 1, o.q_len, kv_len}, dtype);
+    options.attn_mask = placeholder({o.batch, 1, o.q_len, kv_len}, DType::kBool);
+  if (o.mask == "float") options.attn_mask = placeholder({o.batch, 1, o.q_len, kv_len}, dtype);
   if (!o.variant.bias.empty()) {
     options.attn_mask =
         make_bias(o.variant.bias, o.batch, o.heads_q, o.q_len, kv_len, o.variant).bias;
@@ -72,8 +79,8 @@ int run_explain(const ExplainOptions& o) {
   AttentionParams params;
   try {
     if (o.backward) {
-      const Tensor out = Tensor::empty({o.batch, o.heads_q, o.q_len, head_dim_v}, dtype);
-      const Tensor lse = Tensor::empty({o.batch, o.heads_q, o.q_len}, DType::kFloat32);
+      const Tensor out = placeholder({o.batch, o.heads_q, o.q_len, head_dim_v}, dtype);
+      const Tensor lse = placeholder({o.batch, o.heads_q, o.q_len}, DType::kFloat32);
       params = make_backward_params(out, q, k, v, out, lse, options);
     } else {
       params = make_params(q, k, v, options);
