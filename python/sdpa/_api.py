@@ -62,7 +62,7 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     strides, float32/float64/bfloat16/float16, from any framework with __dlpack__ (read
     zero-copy). attn_mask: None, a bool (True = take part) or float (added) array
     broadcastable to [B, Hq, L, S], or an sdpa.attention.bias bias. Returns out
-    [B, Hq, L, Ev] in the query's framework. Raises sdpa.Error (a ValueError) with the
+    [B, Hq, L, Ev] in the query's framework. Raises sdpa.Error (a ValueError and a RuntimeError) with the
     library's message for invalid input, TypeError for non-arrays.
     """
     if _convert.is_torch_tensor(query):

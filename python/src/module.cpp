@@ -6,8 +6,11 @@
 NB_MODULE(_C, m) {
   namespace nb = nanobind;
   m.doc() = "Bindings of the sdpa C++ library (use the `sdpa` package, not this module).";
-  // sdpa::Error (every invalid input) -> sdpa.Error, a ValueError carrying the C++ message.
-  nb::exception<sdpa::Error>(m, "Error", PyExc_ValueError);
+  // sdpa::Error (every invalid input) -> sdpa.Error carrying the C++ message: a ValueError
+  // (what Python code expects of bad arguments) and a RuntimeError (what torch raises for
+  // invalid SDPA input, and what torch code catches).
+  nb::exception<sdpa::Error>(
+      m, "Error", nb::make_tuple(nb::handle(PyExc_ValueError), nb::handle(PyExc_RuntimeError)));
   sdpa::python::bind_tensor(m);
   sdpa::python::bind_backend(m);
   sdpa::python::bind_bias(m);

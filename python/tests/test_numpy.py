@@ -212,10 +212,14 @@ def test_bad_input_raises_with_the_library_message(call, error, match):
 
 
 def test_error_type():
-    assert issubclass(sdpa.Error, ValueError)
-    with pytest.raises(sdpa.Error):
-        sdpa.scaled_dot_product_attention(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32),
-                                          np.ones((2, 2), np.float32))
+    # A ValueError, and a RuntimeError as torch raises for invalid SDPA input (code written
+    # for torch catches that).
+    assert issubclass(sdpa.Error, ValueError) and issubclass(sdpa.Error, RuntimeError)
+    for caught in (sdpa.Error, ValueError, RuntimeError):
+        with pytest.raises(caught, match="query: expected a 3-D"):
+            sdpa.scaled_dot_product_attention(np.ones((2, 2), np.float32),
+                                              np.ones((2, 2), np.float32),
+                                              np.ones((2, 2), np.float32))
 
 
 def test_backend_enum_matches_pytorch_values():
