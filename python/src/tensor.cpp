@@ -111,6 +111,20 @@ DLManagedTensorVersioned* export_versioned(Tensor tensor) {
   return v;
 }
 
+namespace {
+
+// sdpa::from_dlpack's errors with the argument named first (its own messages name no
+// argument).
+Tensor from_dlpack_named(DLManagedTensor* managed, const char* arg) {
+  try {
+    return from_dlpack(managed);
+  } catch (const Error& e) {
+    throw Error(std::string(arg) + ": " + e.what());
+  }
+}
+
+}  // namespace
+
 Tensor import_tensor(nb::handle obj, const char* arg) {
   if (nb::isinstance<Tensor>(obj)) return nb::cast<const Tensor&>(obj);
   PyObject* cap = obj.ptr();
@@ -124,12 +138,12 @@ Tensor import_tensor(nb::handle obj, const char* arg) {
       throw nb::value_error((std::string(arg) + ": expected DLPack major version 1, got " +
                              std::to_string(major)).c_str());
     }
-    return from_dlpack(wrap_versioned(v));
+    return from_dlpack_named(wrap_versioned(v), arg);
   }
   if (PyCapsule_IsValid(cap, kLegacyName)) {
     auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, kLegacyName));
     PyCapsule_SetName(cap, kLegacyUsedName);
-    return from_dlpack(managed);
+    return from_dlpack_named(managed, arg);
   }
   if (PyCapsule_CheckExact(cap)) {
     throw nb::value_error((std::string(arg) + ": expected an unconsumed DLPack capsule, got "

@@ -3,6 +3,7 @@
 #include <dlpack/dlpack.h>
 
 #include <memory>
+#include <string>
 
 #include "sdpa/error.h"
 
@@ -11,6 +12,21 @@ namespace {
 
 // DLPack 0.8 added kDLBool; older headers (Debian's 0.6) lack it, so name it here.
 constexpr uint8_t kDLBoolCode = 6;
+
+// "uint8", "complex64", ...: DLPack's type as numpy and torch name it.
+std::string dl_type_name(DLDataType t) {
+  const int bits = t.bits;
+  switch (t.code) {
+    case kDLInt: return "int" + std::to_string(bits);
+    case kDLUInt: return "uint" + std::to_string(bits);
+    case kDLFloat: return "float" + std::to_string(bits);
+    case kDLBfloat: return "bfloat" + std::to_string(bits);
+    case kDLBoolCode: return "bool (" + std::to_string(bits) + " bits)";
+    case kDLComplex: return "complex" + std::to_string(bits);
+    default: return "DLPack type code " + std::to_string(int(t.code)) + " with " +
+                    std::to_string(bits) + " bits";
+  }
+}
 
 DType dtype_from_dl(DLDataType t) {
   SDPA_CHECK(t.lanes == 1, "from_dlpack: vector dtypes (lanes=", int(t.lanes),
@@ -23,8 +39,7 @@ DType dtype_from_dl(DLDataType t) {
   if (t.code == kDLInt && t.bits == 32) return DType::kInt32;
   if (t.code == kDLInt && t.bits == 64) return DType::kInt64;
   detail::throw_error("from_dlpack: expected a float16/32/64, bfloat16, bool, int32 or int64 "
-                      "tensor, got DLPack type code ", int(t.code), " with ", int(t.bits),
-                      " bits");
+                      "tensor, got ", dl_type_name(t));
 }
 
 DLDataType dtype_to_dl(DType d) {

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <utility>
 #include <vector>
 
 #include "common/reference.h"
@@ -194,9 +195,13 @@ TEST(DLPack, ImportsEverySupportedDtype) {
 
 TEST(DLPack, UnsupportedDtypesThrowAndStillReleaseTheTensor) {
   std::vector<uint64_t> buf(4, 0);
-  const DLDataType bad[] = {{kDLInt, 8, 1},   {kDLUInt, 16, 1},   {kDLFloat, 32, 4},
-                            {kDLComplex, 64, 1}, {kDLFloat, 8, 1}, {kDLBfloat, 32, 1}};
-  for (const DLDataType& dl : bad) {
+  // Each rejected type is named as numpy and torch name it.
+  const std::pair<DLDataType, const char*> bad[] = {
+      {{kDLInt, 8, 1}, "got int8"},        {{kDLUInt, 16, 1}, "got uint16"},
+      {{kDLFloat, 32, 4}, "lanes=4"},      {{kDLComplex, 64, 1}, "got complex64"},
+      {{kDLFloat, 8, 1}, "got float8"},    {{kDLBfloat, 32, 1}, "got bfloat32"},
+      {{kDLUInt, 8, 1}, "got uint8"}};
+  for (const auto& [dl, named] : bad) {
     Foreign f(buf.data(), {2}, {1}, dl);
     try {
       from_dlpack(&f.managed);
@@ -204,6 +209,7 @@ TEST(DLPack, UnsupportedDtypesThrowAndStillReleaseTheTensor) {
                     << dl.lanes;
     } catch (const Error& e) {
       EXPECT_THAT(e.what(), HasSubstr("from_dlpack"));
+      EXPECT_THAT(e.what(), HasSubstr(named));
     }
     // from_dlpack takes ownership: the tensor is released even when rejected.
     EXPECT_EQ(f.deleted, 1) << "code " << int(dl.code) << " bits " << int(dl.bits);
