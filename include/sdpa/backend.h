@@ -43,9 +43,9 @@ class sdpa_kernel {
 /// sdpa_kernel guard's list if one is active, else the enabled process-wide flags.
 std::vector<SDPBackend> active_backends();
 
-/// Whether `backend` is compiled into this build: MATH, FLASH_ATTENTION (CPU) and
-/// OVERRIDEABLE (external devices) always are; EFFICIENT_ATTENTION and CUDNN_ATTENTION
-/// need a CUDA / cuDNN build (not yet available); ERROR never is.
+/// Whether `backend` is compiled into this build: MATH (CPU, and CUDA in a CUDA build),
+/// FLASH_ATTENTION (CPU) and OVERRIDEABLE (external devices) always are; CUDNN_ATTENTION
+/// when built with cuDNN (cmake/SdpaCuda.cmake); EFFICIENT_ATTENTION and ERROR never are.
 bool backend_built(SDPBackend backend);
 
 /// The process-wide enable flag of `backend` (backends::*_sdp_enabled() without a guard).

@@ -115,6 +115,8 @@ struct AttentionParams {
   bool attn_mask_requires_grad = false;
   /// use_deterministic_algorithms was on when the call was made.
   bool deterministic = false;
+  /// CUDA tensors: the cudaStream_t the kernels are queued on (null: legacy default).
+  void* stream = nullptr;
 
   int64_t group_size() const { return num_heads_kv == 0 ? 1 : num_heads_q / num_heads_kv; }
   bool has_dropout() const { return dropout.p > 0.0; }

@@ -36,6 +36,10 @@ struct SDPAOptions {
   std::optional<PhiloxState> dropout_state;
   /// Backward only: the float attn_mask needs a gradient (grad_attn_mask is returned).
   bool attn_mask_requires_grad = false;
+  /// CUDA tensors: the cudaStream_t the call's work is queued on (outputs are allocated
+  /// and written in its order; nothing waits for it). Null is the legacy default stream.
+  /// Ignored for CPU tensors.
+  void* stream = nullptr;
 };
 
 /// Output of an attention call.

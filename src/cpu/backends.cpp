@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cpu/kernels.h"
+#include "cuda/math.h"
 #include "dispatch/backend_impl.h"
 
 namespace sdpa::detail {
@@ -16,6 +17,14 @@ constexpr int64_t kFlashCpuMaxHeadDim = 1024;
 bool check_cpu_device(const AttentionParams& p, Reasons& r) {
   if (p.device.type == DeviceType::kCPU) return true;
   r.add("tensors are on ", device_name(p.device), "; this backend runs on cpu");
+  return false;
+}
+
+// MATH runs everywhere the library has kernels: the CPU, and CUDA devices in a CUDA build.
+bool check_math_device(const AttentionParams& p, Reasons& r) {
+  if (p.device.type == DeviceType::kCPU) return true;
+  if (p.device.type == DeviceType::kCUDA) return cuda::math_supports(p, r);
+  r.add("tensors are on ", device_name(p.device), "; MATH runs on cpu and cuda");
   return false;
 }
 
@@ -40,7 +49,7 @@ bool check_flash_cpu_mask_grad(const AttentionParams& p, Reasons& r) {
   return false;
 }
 
-constexpr NamedCheck kMathChecks[] = {{"cpu_device", check_cpu_device}};
+constexpr NamedCheck kMathChecks[] = {{"device", check_math_device}};
 constexpr NamedCheck kFlashChecks[] = {{"cpu_device", check_cpu_device},
                                        {"dtype", check_flash_cpu_dtype},
                                        {"head_dim", check_flash_cpu_head_dim},
@@ -49,8 +58,9 @@ constexpr NamedCheck kFlashChecks[] = {{"cpu_device", check_cpu_device},
 }  // namespace
 
 // MATH is the reference: it sees every bias as its dense materialize().
-const BackendImpl kMathBackend{SDPBackend::MATH, kMathChecks, &cpu::math_forward,
-                               &cpu::math_backward, false};
+const BackendImpl kMathBackend{SDPBackend::MATH,      kMathChecks,         &cpu::math_forward,
+                               &cpu::math_backward,   false,               nullptr,
+                               nullptr,               &cuda::math_forward, &cuda::math_backward};
 const BackendImpl kFlashCpuBackend{SDPBackend::FLASH_ATTENTION, kFlashChecks,
                                    &cpu::flash_forward, &cpu::flash_backward, true};
 

@@ -6,6 +6,7 @@
 #include "core/element_access.h"
 #include "dispatch/backend_impl.h"
 #include "dispatch/lowering.h"
+#include "sdpa/cuda.h"
 #include "sdpa/registry.h"
 #include "sdpa/flex.h"
 
@@ -62,10 +63,16 @@ AttentionGradients run_backward(const AttentionParams& p, const Tensor& attn_mas
   g.grad_k = drop_batch(outputs.grad_k);
   g.grad_v = drop_batch(outputs.grad_v);
   if (p.attn_mask_requires_grad) {
-    // The reduction reads host memory; an external device's gradient goes there and back.
+    // The reduction reads host memory; a device's gradient goes there and back.
     const Tensor grad_mask = drop_batch(outputs.grad_mask);
-    g.grad_attn_mask = to_device(
-        sum_to_mask_shape(to_host(grad_mask), attn_mask), attn_mask.device());
+    if (p.device.type == DeviceType::kCUDA) {
+      g.grad_attn_mask = cuda::to_device(
+          sum_to_mask_shape(cuda::to_device(grad_mask, Device{}, p.stream), attn_mask),
+          attn_mask.device(), p.stream);
+    } else {
+      g.grad_attn_mask = to_device(
+          sum_to_mask_shape(to_host(grad_mask), attn_mask), attn_mask.device());
+    }
   }
   g.grad_captured = std::move(outputs.grad_captured);
   // One entry per captured tensor of the score_mod, undefined where none was computed

@@ -44,6 +44,11 @@ struct BackendImpl {
   /// OVERRIDEABLE, which runs through the operator registry.
   ExternalForwardFn external_forward = nullptr;
   ExternalBackwardFn external_backward = nullptr;
+  /// Kernels for CUDA tensors (null when the backend has none in this build): same
+  /// contracts as forward/backward, with outputs in device memory, queued on
+  /// params.stream.
+  ForwardFn cuda_forward = nullptr;
+  BackwardFn cuda_backward = nullptr;
 };
 
 /// The records of the table (backend_table.cpp), defined next to each backend's kernels.

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "sdpa/cuda.h"
 #include "sdpa/registry.h"
 #include "sdpa/sdpa.h"
 
@@ -17,8 +18,8 @@ bool backend_built(SDPBackend backend) {
     case SDPBackend::MATH:
     case SDPBackend::FLASH_ATTENTION:
     case SDPBackend::OVERRIDEABLE: return true;
+    case SDPBackend::CUDNN_ATTENTION: return cuda::cudnn_is_built();
     case SDPBackend::EFFICIENT_ATTENTION:
-    case SDPBackend::CUDNN_ATTENTION:
     case SDPBackend::ERROR: break;
   }
   return false;
@@ -55,6 +56,17 @@ std::string info_text() {
      << omp_get_num_procs() << " processors; set_num_threads, else OMP_NUM_THREADS="
      << env_or_unset("OMP_NUM_THREADS") << "; OMP_WAIT_POLICY="
      << env_or_unset("OMP_WAIT_POLICY") << ")\n";
+  os << "cuda: " << (cuda::is_built() ? "built" : "not built");
+  if (cuda::is_built()) {
+    os << ", " << cuda::device_count() << " device(s)";
+    if (!cuda::is_available()) os << " (" << cuda::unavailable_reason() << ")";
+    for (int d = 0; d < cuda::device_count(); ++d) os << "\n  cuda:" << d << " " << cuda::device_description(d);
+    const cuda::GraphCacheStats g = cuda::cudnn_graph_cache_stats();
+    os << "\ncudnn backend: " << (cuda::cudnn_is_built() ? "built" : "not built")
+       << "; graph cache " << g.size << "/" << g.capacity << " graphs, " << g.hits << " hits, "
+       << g.misses << " misses";
+  }
+  os << "\n";
   const std::vector<LoadedBackend> plugins = loaded_backends();
   os << "plugins:" << (plugins.empty() ? " none (load with SDPA_BACKENDS)" : "") << "\n";
   for (const LoadedBackend& plugin : plugins) {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "dispatch/lowering.h"
+#include "sdpa/cuda.h"
 #include "sdpa/sdpa.h"
 
 namespace sdpa {
@@ -21,7 +22,10 @@ void lower_bias(const AttnBiasPtr& bias, AttentionParams& p) {
   p.bias = bias;
   p.mask = MaskDescriptor{};
   if (bias->needs_materialization()) {
-    TensorBias(bias->materialize(shape, p.dtype)).lower(shape, p.mask);
+    Tensor dense = bias->materialize(shape, p.dtype);
+    // Biases materialize in host memory; a CUDA call reads them on its device.
+    if (p.device.type == DeviceType::kCUDA) dense = cuda::to_device(dense, p.device, p.stream);
+    TensorBias(std::move(dense)).lower(shape, p.mask);
   } else {
     bias->lower(shape, p.mask);
   }
@@ -98,6 +102,7 @@ AttentionParams make_params(const Tensor& q_in, const Tensor& k_in, const Tensor
   p.head_dim_vo = p.v.size(3);
   p.dtype = q_in.dtype();
   p.device = q_in.device();
+  p.stream = opt.stream;
   p.enable_gqa = opt.enable_gqa;
 
   check_same("key", "query batch", p.batch, "key batch", p.k.size(0), q_in, k_in);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "registry/registry_impl.h"
+#include "sdpa/cuda.h"
 
 namespace sdpa {
 namespace {
@@ -61,6 +62,7 @@ void write_from_host(const Tensor& dst, const Tensor& src, const DeviceInterface
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
   if (device.type == DeviceType::kCPU) return Tensor::empty(shape, dtype);
+  if (device.type == DeviceType::kCUDA) return cuda::empty(shape, dtype, device.index);
   auto iface = interface_of(device, "empty");
   const size_t nbytes = static_cast<size_t>(checked_numel(shape)) * element_size(dtype);
   void* data = nullptr;
@@ -80,6 +82,9 @@ Tensor to_host(const Tensor& t) { return to_device(t, Device{}); }
 
 Tensor to_device(const Tensor& t, Device device) {
   if (!t.defined() || t.device() == device) return t;
+  if (device.type == DeviceType::kCUDA || t.device().type == DeviceType::kCUDA) {
+    return cuda::to_device(t, device);
+  }
   if (device.type == DeviceType::kCPU) {
     Tensor staged = stage_to_host(t, *interface_of(t.device(), "to_host"));
     return staged.contiguous();

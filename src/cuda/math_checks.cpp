@@ -1,0 +1,35 @@
+// What MATH on CUDA accepts: every dtype, mask kind and dropout; head dims up to 1024;
+// no flex programs (they are evaluated on the CPU only).
+
+#include "cuda/math.h"
+
+#include <string>
+
+namespace sdpa::cuda {
+
+bool math_supports(const AttentionParams& p, Reasons& r) {
+  bool ok = true;
+  if (p.head_dim_qk > kMathMaxHeadDim || p.head_dim_vo > kMathMaxHeadDim) {
+    r.add("head_dim: MATH on CUDA takes E and Ev up to ", std::to_string(kMathMaxHeadDim),
+          ", got E = ", std::to_string(p.head_dim_qk), ", Ev = ", std::to_string(p.head_dim_vo));
+    ok = false;
+  }
+  // Biases arrive materialized (dense); only is_causal's band, in the sequence frame, is
+  // native here.
+  const MaskDescriptor& m = p.mask;
+  bool native_ok = m.bands.size() <= 4 && !m.has_documents() && m.kv_lengths.empty() &&
+                   m.alibi_slopes.empty();
+  for (const DiagonalBand& band : m.bands) native_ok = native_ok && band.frame == BandFrame::kSequence;
+  if (!native_ok) {
+    r.add("mask: MATH on CUDA applies up to 4 sequence-frame bands natively; other native "
+          "mask parts must come materialized");
+    ok = false;
+  }
+  if (p.mask.score_mod || p.mask.block_mask) {
+    r.add("flex: score_mod and BlockMask programs run on the CPU only in this build");
+    ok = false;
+  }
+  return ok;
+}
+
+}  // namespace sdpa::cuda

@@ -1,0 +1,76 @@
+// The CUDNN_ATTENTION backend's record: named checks (device, then what sdpa can lower,
+// then cuDNN's own verdict on the built graph) and its kernels.
+
+#include <cuda_runtime_api.h>
+
+#include "cudnn/forward.h"
+#include "cudnn/graph_cache.h"
+#include "cudnn/handle.h"
+#include "cuda/status.h"
+#include "sdpa/cuda.h"
+
+namespace sdpa {
+namespace cuda {
+
+bool cudnn_is_built() { return true; }
+
+}  // namespace cuda
+
+namespace detail {
+namespace {
+
+bool check_cuda_device(const AttentionParams& p, Reasons& r) {
+  if (p.device.type == DeviceType::kCUDA) return true;
+  r.add("tensors are on ", device_name(p.device), "; this backend needs CUDA tensors");
+  return false;
+}
+
+bool check_cudnn_library(const AttentionParams&, Reasons& r) {
+  if (cudnn::cudnn_load_error().empty()) return true;
+  r.add(cudnn::cudnn_load_error());
+  return false;
+}
+
+bool check_lowering(const AttentionParams& p, Reasons& r) {
+  cudnn::GraphSpec spec;
+  return cudnn::lower(p, spec, r);
+}
+
+// cuDNN decides the rest (SM architecture, library version, head dims per arch, sizes):
+// the graph is built (once per call signature, cached) and its verdict is the reason.
+bool check_graph(const AttentionParams& p, Reasons& r) {
+  cudnn::GraphSpec spec;
+  Reasons quiet{false, {}};
+  if (!cudnn::lower(p, spec, quiet)) return false;
+  if (!cudnn::cudnn_load_error().empty()) return false;
+  try {
+    cuda::detail::DeviceGuard guard(p.device.index);
+    const auto entry = cudnn::graph_for(
+        spec, cudnn::handle_for(p.device.index, static_cast<cudaStream_t>(p.stream)));
+    if (entry->graph != nullptr) return true;
+    r.add(entry->error);
+  } catch (const Error& e) {
+    r.add(e.what());
+  }
+  return false;
+}
+
+constexpr NamedCheck kCudnnChecks[] = {{"cuda_device", check_cuda_device},
+                                       {"cudnn_library", check_cudnn_library},
+                                       {"lowering", check_lowering},
+                                       {"graph", check_graph}};
+
+}  // namespace
+
+const BackendImpl kCudnnBackend{SDPBackend::CUDNN_ATTENTION,
+                                kCudnnChecks,
+                                nullptr,
+                                nullptr,
+                                true,
+                                nullptr,
+                                nullptr,
+                                &cudnn::forward,
+                                &cudnn::backward};
+
+}  // namespace detail
+}  // namespace sdpa

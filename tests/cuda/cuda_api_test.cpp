@@ -1,0 +1,65 @@
+// What needs no GPU: the CUDA functions answer in every build, and calls on CUDA tensors
+// are explained (every backend's reasons) and refused with sdpa::Error, never a crash.
+
+#include "sdpa/cuda.h"
+#include "training/attention_test_util.h"
+
+namespace sdpa_test {
+namespace {
+
+using sdpa::Device;
+using sdpa::DeviceType;
+using sdpa::SDPBackend;
+
+// A [1, 2, 8, 64] float16 CUDA tensor header that no call may dereference here: the
+// pointer is never read by explain or by the checks that refuse the call.
+Tensor fake_cuda_tensor() {
+  alignas(16) static unsigned char storage[16];
+  return Tensor::from_blob(storage, {1, 2, 8, 64}, sdpa::contiguous_strides({1, 2, 8, 64}),
+                           DType::kFloat16, Device{DeviceType::kCUDA, 0});
+}
+
+TEST(CudaApi, ReportsWhetherItIsBuiltAndAvailable) {
+#ifdef SDPA_HAVE_CUDA
+  EXPECT_TRUE(sdpa::cuda::is_built());
+#else
+  EXPECT_FALSE(sdpa::cuda::is_built());
+  EXPECT_FALSE(sdpa::cuda::cudnn_is_built());
+#endif
+  EXPECT_EQ(sdpa::cuda::is_available(), sdpa::cuda::device_count() > 0);
+  EXPECT_EQ(sdpa::cuda::is_available(), sdpa::cuda::unavailable_reason().empty());
+}
+
+TEST(CudaApi, ExplainListsEveryBackendForCudaTensors) {
+  const Tensor q = fake_cuda_tensor();
+  if (sdpa::cuda::is_available()) GTEST_SKIP() << "a GPU is present: the fake pointer would be read";
+  const sdpa::Explanation e = sdpa::explain(sdpa::make_params(q, q, q, {}));
+  for (const auto& v : e.verdicts) {
+    if (v.backend == SDPBackend::MATH) continue;  // MATH's checks accept any CUDA call
+    EXPECT_FALSE(v.supported) << sdpa::backend_name(v.backend);
+    EXPECT_FALSE(v.reasons.empty()) << sdpa::backend_name(v.backend);
+  }
+  const std::string text = e.to_string();
+  EXPECT_NE(text.find("FLASH_ATTENTION"), std::string::npos);
+  EXPECT_NE(text.find("cpu"), std::string::npos) << text;
+}
+
+TEST(CudaApi, CallsWithoutADeviceAreErrors) {
+  if (sdpa::cuda::is_available()) GTEST_SKIP() << "a GPU is present";
+  const Tensor q = fake_cuda_tensor();
+  EXPECT_NE(error_message([&] { sdpa::scaled_dot_product_attention(q, q, q, {}); }), "");
+  EXPECT_NE(error_message([&] { sdpa::cuda::empty({4}, DType::kFloat32); }), "");
+  EXPECT_NE(error_message([&] { sdpa::cuda::to_device(randn({4}, DType::kFloat32, 1),
+                                                       Device{DeviceType::kCUDA, 0}); }),
+            "");
+}
+
+TEST(CudaApi, CpuTensorsNeverReachCudaBackends) {
+  const Tensor q = randn({1, 2, 8, 64}, DType::kBFloat16, 1);
+  sdpa::Reasons reasons;
+  EXPECT_FALSE(sdpa::can_use(SDPBackend::CUDNN_ATTENTION, sdpa::make_params(q, q, q, {}), &reasons));
+  ASSERT_FALSE(reasons.items.empty());
+}
+
+}  // namespace
+}  // namespace sdpa_test
