@@ -7,6 +7,7 @@ Submodules: ``sdpa.backends`` (flags, ``cpu.get_cpu_capability()``), ``sdpa.atte
 (``sdpa_kernel``, ``SDPBackend``, ``bias``), ``sdpa.torch`` (the torch.library custom op:
 autograd and torch.compile), ``sdpa.flex`` (FlexAttention: score_mod / mask_mod
 traced into the library's programs, ``flex_attention``, ``create_block_mask``),
+``sdpa.cuda`` (CUDA availability, devices, device memory),
 ``sdpa.info`` (``python -m sdpa.info``) and ``sdpa.integrations``. Neither numpy nor torch is imported until your arrays need them.
 """
 
@@ -58,7 +59,7 @@ from ._api import (
     scaled_dot_product_attention_with_lse,
 )
 from ._kernel import sdpa_kernel
-from . import attention, backends, flex
+from . import attention, backends, cuda, flex
 from .flex import BlockMask, and_masks, create_block_mask, flex_attention, noop_mask, or_masks
 
 import sys as _sys
@@ -93,6 +94,7 @@ __all__ = [
     "are_deterministic_algorithms_enabled",
     "attention",
     "backends",
+    "cuda",
     "default_generator",
     "explain",
     "get_num_threads",

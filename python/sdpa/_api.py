@@ -54,7 +54,8 @@ def _torch_api():
 def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
                                  dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: Optional[float] = None, enable_gqa: bool = False, *,
-                                 generator: Optional["_C.Generator"] = None) -> Any:
+                                 generator: Optional["_C.Generator"] = None,
+                                 stream: Any = None) -> Any:
     """softmax(query @ key^T * scale + mask) @ value, with
     torch.nn.functional.scaled_dot_product_attention's arguments and semantics.
 
@@ -64,14 +65,21 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     broadcastable to [B, Hq, L, S], or an sdpa.attention.bias bias. Returns out
     [B, Hq, L, Ev] in the query's framework. Raises sdpa.Error (a ValueError and a RuntimeError) with the
     library's message for invalid input, TypeError for non-arrays.
+
+    CUDA arrays: the call is queued on ``stream`` (a cudaStream_t as an int, or an object
+    with ``.cuda_stream`` such as torch.cuda.Stream) and returns without waiting; None
+    means torch's current stream for torch tensors (as torch's own ops) and the legacy
+    default stream otherwise. The output is device memory, valid in the stream's order.
+    CPU arrays ignore ``stream``.
     """
     if _convert.is_torch_tensor(query):
         return _torch_api().scaled_dot_product_attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-            generator=generator)
+            generator=generator, stream=stream)
     out, _, _, _ = _C.attention(query, key, value, to_cpp_mask(attn_mask), _dropout(dropout_p),
                                 bool(is_causal), _scale(scale), bool(enable_gqa),
-                                _convert.generator(generator), None)
+                                _convert.generator(generator), None,
+                                _convert.stream_handle(stream))
     return _convert.like(out, query)
 
 
@@ -79,19 +87,20 @@ def scaled_dot_product_attention_with_lse(
         query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
         is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         generator: Optional["_C.Generator"] = None,
-        dropout_state: Optional[tuple] = None) -> AttentionOutput:
+        dropout_state: Optional[tuple] = None, stream: Any = None) -> AttentionOutput:
     """As scaled_dot_product_attention, also returning the logsumexp, the backend that
     ran and the dropout state. ``dropout_state=(seed, offset)`` replays a previous call's
     dropout mask instead of drawing from the generator. torch tensors go through the
-    custom op (gradients flow to ``out``; ``lse`` is not differentiable)."""
+    custom op (gradients flow to ``out``; ``lse`` is not differentiable). ``stream``: as
+    scaled_dot_product_attention's."""
     if _convert.is_torch_tensor(query):
         return _torch_api().scaled_dot_product_attention_with_lse(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-            generator=generator, dropout_state=dropout_state)
+            generator=generator, dropout_state=dropout_state, stream=stream)
     out, lse, backend, state = _C.attention(
         query, key, value, to_cpp_mask(attn_mask), _dropout(dropout_p), bool(is_causal),
         _scale(scale), bool(enable_gqa), _convert.generator(generator),
-        _convert.dropout_state(dropout_state))
+        _convert.dropout_state(dropout_state), _convert.stream_handle(stream))
     return AttentionOutput(_convert.like(out, query), _convert.like(lse, query), backend,
                            tuple(state))
 
@@ -101,18 +110,19 @@ def scaled_dot_product_attention_backward(
         attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
         scale: Optional[float] = None, enable_gqa: bool = False, *,
         dropout_state: Optional[tuple] = None,
-        attn_mask_requires_grad: bool = False) -> AttentionGradients:
+        attn_mask_requires_grad: bool = False, stream: Any = None) -> AttentionGradients:
     """Gradients of scaled_dot_product_attention with respect to query, key, value (and a
     float attn_mask when ``attn_mask_requires_grad``), given grad_out and the forward's
     ``out`` and ``lse``. The options must equal the forward's; with dropout,
     ``dropout_state`` must be the forward's (AttentionOutput.dropout_state).
     Returns AttentionGradients(grad_q, grad_k, grad_v, grad_attn_mask, backend) in the
     query's framework (torch tensors are read, not tracked: use sdpa.torch for autograd).
+    ``stream``: as scaled_dot_product_attention's.
     """
     gq, gk, gv, gm, backend = _C.attention_backward(
         grad_out, query, key, value, out, lse, to_cpp_mask(attn_mask), _dropout(dropout_p),
         bool(is_causal), _scale(scale), bool(enable_gqa), _convert.dropout_state(dropout_state),
-        bool(attn_mask_requires_grad))
+        bool(attn_mask_requires_grad), _convert.stream_handle(stream, query))
     return AttentionGradients(_convert.like(gq, query), _convert.like(gk, query),
                               _convert.like(gv, query),
                               None if gm is None else _convert.like(gm, query), backend)

@@ -15,6 +15,7 @@ from typing import Any
 from . import _C
 
 _DLPACK_VERSION = (1, 0)
+_DL_CUDA = 2  # DLPack's kDLCUDA device type
 
 
 def is_torch_tensor(obj: Any) -> bool:
@@ -64,27 +65,55 @@ def dropout_state(state: Any) -> Any:
     return seed, offset
 
 
-def to_capsule(obj: Any, arg: str = "tensor") -> Any:
+def stream_handle(stream: Any, query: Any = None) -> int:
+    """The cudaStream_t (an int; 0 the legacy default stream) a call on `query` runs on:
+    `stream` as an int handle or an object with ``.cuda_stream`` (torch.cuda.Stream,
+    cupy's streams); for None, torch's current stream of a torch CUDA query's device (as
+    torch's own ops use), else 0. TypeError naming the argument for anything else."""
+    if stream is None:
+        if is_torch_tensor(query) and query.is_cuda:
+            return sys.modules["torch"].cuda.current_stream(query.device).cuda_stream
+        return 0
+    handle = getattr(stream, "cuda_stream", stream)
+    if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
+        raise TypeError("stream: expected None, a cudaStream_t handle (an int >= 0) or an "
+                        f"object with .cuda_stream, got {_type_name(stream)} {stream!r}")
+    return handle
+
+
+def to_capsule(obj: Any, arg: str = "tensor", stream: int = 0) -> Any:
     """Returns a DLPack capsule (or an sdpa.Tensor) for `obj`; raises TypeError naming
-    `arg` for objects that are not arrays."""
+    `arg` for objects that are not arrays. `stream` is the cudaStream_t the caller reads a
+    CUDA array on: its producer is asked to make its writes visible there (DLPack's
+    stream argument). 0, the legacy default stream, is what a producer assumes when it
+    is not told, so only other streams are passed (and only to CUDA arrays: a CPU
+    producer accepts no stream)."""
     if isinstance(obj, _C.Tensor) or type(obj).__name__ == "PyCapsule":
         return obj
     if getattr(type(obj), "__dlpack__", None) is None:
         raise TypeError(
             f"{arg}: expected an array with __dlpack__ (numpy, torch, jax, ...), "
             f"got {_type_name(obj)}")
-    if is_torch_tensor(obj) and obj.requires_grad:
-        # torch refuses to export tensors that require grad; sdpa only reads them.
-        obj = obj.detach()
+    kwargs = {}
+    if is_torch_tensor(obj):
+        if obj.requires_grad:
+            # torch refuses to export tensors that require grad; sdpa only reads them.
+            obj = obj.detach()
+        if obj.is_cuda:
+            # torch's producer skips synchronization unless told the stream (its default
+            # is -1); 1 is DLPack's name for the legacy default stream.
+            kwargs["stream"] = stream or 1
+    elif stream and obj.__dlpack_device__()[0] == _DL_CUDA:
+        kwargs["stream"] = stream
     try:
         # DLPack 1.0 first: it can carry read-only arrays (numpy refuses those otherwise).
-        return obj.__dlpack__(max_version=_DLPACK_VERSION)
+        return obj.__dlpack__(max_version=_DLPACK_VERSION, **kwargs)
     except TypeError:
         pass  # A producer that predates max_version.
     except BufferError as e:
         raise TypeError(f"{arg}: cannot be exported through DLPack: {e}") from e
     try:
-        return obj.__dlpack__()
+        return obj.__dlpack__(**kwargs)
     except BufferError as e:
         raise TypeError(f"{arg}: cannot be exported through DLPack: {e}") from e
 

@@ -24,6 +24,7 @@ same mask.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Optional
 
 import torch
@@ -63,7 +64,13 @@ def _register_torch(exchange_api: Any = getattr(Tensor, "__dlpack_c_exchange_api
                       getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None),
                       getattr(_python_dispatch, "is_in_torch_dispatch_mode", None),
                       getattr(torch._C, "_is_torch_function_mode_enabled", None),
-                      torch.is_grad_enabled)
+                      torch.is_grad_enabled, _current_stream)
+
+
+def _current_stream(device_index: int) -> int:
+    """torch's current cudaStream_t for a CUDA device (the bindings' fallback for a torch
+    whose exchange table lacks current_work_stream)."""
+    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 _register_torch()
@@ -97,7 +104,8 @@ def _attention_fake(query, key, value, attn_mask, bias, dropout_p, is_causal, sc
                     enable_gqa, dropout_seed, dropout_offset):
     out = query.new_empty((*query.shape[:-1], value.shape[-1]))
     lse = query.new_empty(query.shape[:-1], dtype=torch.float32)
-    info = query.new_empty((3,), dtype=torch.int64)
+    # On the CPU whatever the query's device, as the real kernel's (read by .tolist()).
+    info = torch.empty((3,), dtype=torch.int64, device="cpu")
     return out, lse, info
 
 
@@ -300,13 +308,40 @@ def _call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
     return torch.ops.sdpa.attention(*args)
 
 
+def _stream_context(stream: Any, query: Any):
+    """Makes `stream` torch's current stream for a CUDA query's device while a call runs:
+    the kernels then run on it through the same path as with stream=None, and autograd
+    runs the backward on it (torch replays a forward's stream). A nullcontext for CPU
+    queries, which ignore the stream (its type is checked all the same)."""
+    handle = None if isinstance(stream, torch.cuda.Stream) else _convert.stream_handle(stream)
+    if not (isinstance(query, Tensor) and query.is_cuda):
+        return contextlib.nullcontext()
+    if handle is not None:
+        stream = (torch.cuda.default_stream(query.device) if handle == 0
+                  else torch.cuda.ExternalStream(handle, device=query.device))
+    elif stream.device != query.device:
+        # torch.cuda.stream would switch devices, and the call would ignore the stream.
+        raise _C.Error(f"stream: expected a stream of {query.device} (the query device), "
+                       f"got one of {stream.device}")
+    return torch.cuda.stream(stream)
+
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                                  attn_mask: Any = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: Optional[float] = None,
                                  enable_gqa: bool = False, *,
-                                 generator: Optional["_C.Generator"] = None) -> Tensor:
+                                 generator: Optional["_C.Generator"] = None,
+                                 stream: Any = None) -> Tensor:
     """torch.nn.functional.scaled_dot_product_attention through the sdpa::attention op
-    (differentiable in query, key, value and a float attn_mask)."""
+    (differentiable in query, key, value and a float attn_mask). CUDA tensors: runs on
+    ``stream`` (torch.cuda.Stream, an object with .cuda_stream or an int cudaStream_t)
+    as torch ops run inside ``torch.cuda.stream(stream)``, the backward included; None:
+    torch's current stream."""
+    if stream is not None:
+        with _stream_context(stream, query):
+            return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                is_causal, scale, enable_gqa,
+                                                generator=generator)
     if not _compiling():
         # The common eager call (_route _DIRECT, no bias object) in one C++ call; None
         # sends any other call down the general path.
@@ -324,9 +359,15 @@ def scaled_dot_product_attention_with_lse(query: Tensor, key: Tensor, value: Ten
                                           scale: Optional[float] = None,
                                           enable_gqa: bool = False, *,
                                           generator: Optional["_C.Generator"] = None,
-                                          dropout_state: Optional[tuple] = None):
+                                          dropout_state: Optional[tuple] = None,
+                                          stream: Any = None):
     """Returns sdpa.AttentionOutput(out, lse, backend, dropout_state); ``out`` is
-    differentiable, ``lse`` is not."""
+    differentiable, ``lse`` is not. ``stream``: as scaled_dot_product_attention's."""
+    if stream is not None:
+        with _stream_context(stream, query):
+            return scaled_dot_product_attention_with_lse(
+                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                generator=generator, dropout_state=dropout_state)
     if dropout_state is None and not _compiling():
         result = _C.torch_eager_attention(query, key, value, attn_mask, dropout_p, is_causal,
                                           scale, enable_gqa, generator, True)

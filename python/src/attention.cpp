@@ -31,18 +31,20 @@ SDPAOptions make_options(nb::handle attn_mask, double dropout_p, bool is_causal,
 nb::tuple attention(nb::handle query, nb::handle key, nb::handle value, nb::handle attn_mask,
                     double dropout_p, bool is_causal, std::optional<double> scale,
                     bool enable_gqa, Generator* generator,
-                    std::optional<DropoutState> dropout_state) {
-  const Tensor q = import_array(query, "query");
-  const Tensor k = import_array(key, "key");
-  const Tensor v = import_array(value, "value");
-  const SDPAOptions options =
+                    std::optional<DropoutState> dropout_state, uintptr_t stream) {
+  const Tensor q = import_array(query, "query", stream);
+  const Tensor k = import_array(key, "key", stream);
+  const Tensor v = import_array(value, "value", stream);
+  SDPAOptions options =
       make_options(attn_mask, dropout_p, is_causal, scale, enable_gqa, generator, dropout_state);
+  options.stream = reinterpret_cast<void*>(stream);
   AttentionResult r;
   {
     nb::gil_scoped_release release;
     r = scaled_dot_product_attention_with_lse(q, k, v, options);
   }
-  return nb::make_tuple(export_tensor(std::move(r.out)), export_tensor(std::move(r.lse)),
+  return nb::make_tuple(export_tensor(std::move(r.out), stream),
+                        export_tensor(std::move(r.lse), stream),
                         r.backend, nb::make_tuple(r.philox.seed, r.philox.offset));
 }
 
@@ -52,25 +54,34 @@ nb::tuple attention_backward(nb::handle grad_out, nb::handle query, nb::handle k
                              nb::handle attn_mask, double dropout_p, bool is_causal,
                              std::optional<double> scale, bool enable_gqa,
                              std::optional<DropoutState> dropout_state,
-                             bool attn_mask_requires_grad) {
-  const Tensor g = import_array(grad_out, "grad_out");
-  const Tensor q = import_array(query, "query");
-  const Tensor k = import_array(key, "key");
-  const Tensor v = import_array(value, "value");
-  const Tensor o = import_array(out, "out");
-  const Tensor l = import_array(lse, "lse");
+                             bool attn_mask_requires_grad, uintptr_t stream) {
+  const Tensor g = import_array(grad_out, "grad_out", stream);
+  const Tensor q = import_array(query, "query", stream);
+  const Tensor k = import_array(key, "key", stream);
+  const Tensor v = import_array(value, "value", stream);
+  const Tensor o = import_array(out, "out", stream);
+  const Tensor l = import_array(lse, "lse", stream);
   SDPAOptions options =
       make_options(attn_mask, dropout_p, is_causal, scale, enable_gqa, nullptr, dropout_state);
   options.attn_mask_requires_grad = attn_mask_requires_grad;
+  options.stream = reinterpret_cast<void*>(stream);
   AttentionGradients r;
   {
     nb::gil_scoped_release release;
     r = scaled_dot_product_attention_backward(g, q, k, v, o, l, options);
   }
   nb::object grad_mask = r.grad_attn_mask.defined()
-                             ? export_tensor(std::move(r.grad_attn_mask)) : nb::none();
-  return nb::make_tuple(export_tensor(std::move(r.grad_q)), export_tensor(std::move(r.grad_k)),
-                        export_tensor(std::move(r.grad_v)), grad_mask, r.backend);
+                             ? export_tensor(std::move(r.grad_attn_mask), stream) : nb::none();
+  return nb::make_tuple(export_tensor(std::move(r.grad_q), stream),
+                        export_tensor(std::move(r.grad_k), stream),
+                        export_tensor(std::move(r.grad_v), stream), grad_mask, r.backend);
+}
+
+// A contiguous tensor that is never read. Off the CPU it owns no memory: explaining a
+// CUDA call allocates nothing on the device (and needs no device at all).
+Tensor placeholder(const Shape& shape, DType dtype, Device device) {
+  if (device.type == DeviceType::kCPU) return Tensor::zeros(shape, dtype);
+  return Tensor::from_blob(nullptr, shape, contiguous_strides(shape), dtype, device);
 }
 
 Explanation explain_call(nb::handle query, nb::handle key, nb::handle value,
@@ -84,16 +95,16 @@ Explanation explain_call(nb::handle query, nb::handle key, nb::handle value,
                                      nullptr, DropoutState{0, 0});
   nb::gil_scoped_release release;
   if (!backward) return explain(make_params(q, k, v, options));
-  // Placeholder out / grad_out / lse of the right shapes: the checks read only shapes,
-  // dtypes and strides.
+  // Placeholder out / grad_out / lse of the right shapes on the query's device: the
+  // checks read only shapes, dtypes, strides and devices.
   SDPA_CHECK(q.dim() >= 1 && v.dim() >= 1, "query: expected a 3-D or 4-D tensor, got ",
              q.dim(), "-D");
   Shape out_shape = q.sizes();
   out_shape.back() = v.sizes().back();
   Shape lse_shape = q.sizes();
   lse_shape.pop_back();
-  const Tensor o = Tensor::zeros(out_shape, q.dtype());
-  const Tensor l = Tensor::zeros(lse_shape, DType::kFloat32);
+  const Tensor o = placeholder(out_shape, q.dtype(), q.device());
+  const Tensor l = placeholder(lse_shape, DType::kFloat32, q.device());
   return explain(make_backward_params(o, q, k, v, o, l, options));
 }
 
@@ -127,15 +138,17 @@ void bind_attention(nb::module_& m) {
         nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p") = 0.0,
         nb::arg("is_causal") = false, nb::arg("scale").none() = nb::none(),
         nb::arg("enable_gqa") = false, nb::arg("generator").none() = nb::none(),
-        nb::arg("dropout_state").none() = nb::none(),
-        "Returns (out, lse, backend, (seed, offset)).");
+        nb::arg("dropout_state").none() = nb::none(), nb::arg("stream") = 0,
+        "Returns (out, lse, backend, (seed, offset)). stream: the cudaStream_t a CUDA call "
+        "runs on (0: the legacy default stream); CPU calls ignore it.");
   m.def("attention_backward", &attention_backward, nb::arg("grad_out"), nb::arg("query"),
         nb::arg("key"), nb::arg("value"), nb::arg("out"), nb::arg("lse"),
         nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p") = 0.0,
         nb::arg("is_causal") = false, nb::arg("scale").none() = nb::none(),
         nb::arg("enable_gqa") = false, nb::arg("dropout_state").none() = nb::none(),
-        nb::arg("attn_mask_requires_grad") = false,
-        "Returns (grad_q, grad_k, grad_v, grad_attn_mask or None, backend).");
+        nb::arg("attn_mask_requires_grad") = false, nb::arg("stream") = 0,
+        "Returns (grad_q, grad_k, grad_v, grad_attn_mask or None, backend). stream: as "
+        "attention's.");
   m.def("explain", &explain_call, nb::arg("query"), nb::arg("key"), nb::arg("value"),
         nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p") = 0.0,
         nb::arg("is_causal") = false, nb::arg("scale").none() = nb::none(),

@@ -4,6 +4,8 @@
 
 #include <nanobind/nanobind.h>
 
+#include <cstdint>
+
 #include "sdpa/sdpa.h"
 
 namespace sdpa::python {
@@ -16,12 +18,15 @@ namespace nb = nanobind;
 /// (sdpa/_convert.py) turns arrays with __dlpack__ into capsules first.
 Tensor import_tensor(nb::handle obj, const char* arg);
 
-/// Calls sdpa._convert.to_capsule(obj, arg) and imports the capsule: any object with
-/// __dlpack__ (numpy, torch, jax) or an sdpa._C.Tensor. Needs the GIL.
-Tensor import_array(nb::handle obj, const char* arg);
+/// Calls sdpa._convert.to_capsule(obj, arg, stream) and imports the capsule: any object
+/// with __dlpack__ (numpy, torch, jax) or an sdpa._C.Tensor. `stream` (a cudaStream_t; 0
+/// the legacy default stream) is the stream the call will read a CUDA array on: its
+/// producer makes its writes visible there. Needs the GIL.
+Tensor import_array(nb::handle obj, const char* arg, uintptr_t stream = 0);
 
-/// Wraps a result in a new sdpa._C.Tensor (shares storage).
-nb::object export_tensor(Tensor tensor);
+/// Wraps a result in a new sdpa._C.Tensor (shares storage). A CUDA result records
+/// `stream`, the cudaStream_t it was written on, for its __dlpack__.
+nb::object export_tensor(Tensor tensor, uintptr_t stream = 0);
 
 /// Returns a fresh DLPack capsule ("dltensor", the legacy protocol every consumer reads)
 /// sharing `tensor`'s storage; its destructor frees the export unless a consumer took it.
@@ -38,5 +43,6 @@ void bind_attention(nb::module_& m);
 void bind_info(nb::module_& m);
 void bind_flex(nb::module_& m);
 void bind_torch(nb::module_& m);
+void bind_cuda(nb::module_& m);
 
 }  // namespace sdpa::python

@@ -19,4 +19,5 @@ NB_MODULE(_C, m) {
   sdpa::python::bind_info(m);
   sdpa::python::bind_flex(m);
   sdpa::python::bind_torch(m);
+  sdpa::python::bind_cuda(m);
 }

@@ -16,6 +16,7 @@
 
 #include "bindings.h"
 #include "dlpack_versioned.h"
+#include "sdpa/cuda.h"
 #include "sdpa/dlpack.h"
 
 namespace sdpa::python {
@@ -66,12 +67,39 @@ std::string python_type_name(nb::handle obj) {
   return nb::cast<std::string>(nb::handle(Py_TYPE(obj.ptr())).attr("__qualname__"));
 }
 
+// The attribute of an sdpa.Tensor that an sdpa call wrote on a CUDA device: the
+// cudaStream_t (an int) its values were written on.
+constexpr const char* kStreamAttr = "_stream";
+
+// DLPack's stream argument for CUDA: None and 1 name the legacy default stream (handle 0),
+// 2 the per-thread default stream (its handle is 2), -1 asks for no synchronization,
+// anything else is a cudaStream_t. Makes what the producing stream wrote visible to the
+// consumer's stream. sdpa has no events to order one stream after another, so the host
+// waits for the producing stream instead (correct for every consumer stream, at the cost
+// of a host sync); nothing waits when both streams are the same.
+void make_visible(nb::handle self, nb::handle stream) {
+  nb::object producer = nb::getattr(self, kStreamAttr, nb::none());
+  if (producer.is_none()) return;  // imported, not written by sdpa: the producer's business
+  if (!stream.is_none() && !PyLong_Check(stream.ptr())) {
+    throw nb::type_error("sdpa.Tensor.__dlpack__: stream must be an int or None");
+  }
+  const intptr_t consumer = stream.is_none() ? 1 : nb::cast<intptr_t>(stream);
+  if (consumer == -1) return;
+  const uintptr_t consumer_handle = consumer == 1 ? 0 : static_cast<uintptr_t>(consumer);
+  const auto producer_handle = nb::cast<uintptr_t>(producer);
+  if (consumer_handle == producer_handle) return;
+  nb::gil_scoped_release release;
+  cuda::synchronize(reinterpret_cast<cuda::Stream>(producer_handle));
+}
+
 // Tensor.__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None).
-nb::object tensor_dlpack(const Tensor& self, nb::handle stream,
+nb::object tensor_dlpack(nb::handle self_obj, nb::handle stream,
                          std::optional<std::tuple<int, int>> max_version,
                          std::optional<std::tuple<int, int>> dl_device,
                          std::optional<bool> copy) {
-  (void)stream;  // CPU memory needs no stream synchronization.
+  const Tensor& self = nb::cast<const Tensor&>(self_obj);
+  // CPU memory needs no stream synchronization.
+  if (self.device().type == DeviceType::kCUDA) make_visible(self_obj, stream);
   if (dl_device) {
     const auto [type, index] = *dl_device;
     if (type != static_cast<int>(self.device().type) || index != self.device().index) {
@@ -154,9 +182,14 @@ Tensor import_tensor(nb::handle obj, const char* arg) {
                         "torch, jax, ...), got " + python_type_name(obj)).c_str());
 }
 
-Tensor import_array(nb::handle obj, const char* arg) {
+Tensor import_array(nb::handle obj, const char* arg, uintptr_t stream) {
   // Capsules (sdpa.torch exports torch tensors itself) skip the Python helper's call.
   if (nb::isinstance<Tensor>(obj) || PyCapsule_CheckExact(obj.ptr())) {
+    // An earlier call's CUDA result, read on this call's stream.
+    if (nb::isinstance<Tensor>(obj) &&
+        nb::cast<const Tensor&>(obj).device().type == DeviceType::kCUDA) {
+      make_visible(obj, nb::int_(stream == 0 ? uintptr_t{1} : stream));
+    }
     return import_tensor(obj, arg);
   }
   // sdpa._convert.to_capsule, looked up once. A plain pointer guarded by the GIL rather
@@ -168,11 +201,17 @@ Tensor import_array(nb::handle obj, const char* arg) {
     nb::object f = nb::module_::import_("sdpa._convert").attr("to_capsule");
     if (to_capsule == nullptr) to_capsule = f.release().ptr();
   }
-  nb::object capsule = nb::handle(to_capsule)(obj, arg);
+  nb::object capsule = stream == 0 ? nb::handle(to_capsule)(obj, arg)
+                                   : nb::handle(to_capsule)(obj, arg, stream);
   return import_tensor(capsule, arg);
 }
 
-nb::object export_tensor(Tensor tensor) { return nb::cast(std::move(tensor)); }
+nb::object export_tensor(Tensor tensor, uintptr_t stream) {
+  const bool on_cuda = tensor.device().type == DeviceType::kCUDA;
+  nb::object result = nb::cast(std::move(tensor));
+  if (on_cuda) nb::setattr(result, kStreamAttr, nb::int_(stream));
+  return result;
+}
 
 nb::object legacy_capsule(Tensor tensor) {
   DLManagedTensor* legacy = to_dlpack(tensor);
@@ -185,9 +224,12 @@ nb::object legacy_capsule(Tensor tensor) {
 }
 
 void bind_tensor(nb::module_& m) {
-  nb::class_<Tensor>(m, "Tensor",
+  // dynamic_attr: a CUDA result records the stream it was written on (kStreamAttr).
+  nb::class_<Tensor>(m, "Tensor", nb::dynamic_attr(),
       "A strided view of memory owned by the sdpa library or imported zero-copy through "
-      "DLPack. Convert with numpy.from_dlpack(t), torch.from_dlpack(t) or t.numpy().")
+      "DLPack. Convert with numpy.from_dlpack(t), torch.from_dlpack(t) or t.numpy(). "
+      "A CUDA result's __dlpack__(stream=s) makes the values visible on stream s (the "
+      "host waits for the stream the call ran on, unless that is s).")
       .def_static("from_dlpack", [](nb::handle obj) { return import_array(obj, "tensor"); },
                   nb::arg("array"),
                   "Wraps an array with __dlpack__ (or a DLPack capsule) without copying.")

@@ -39,7 +39,11 @@ struct TorchFunctions {
   PyObject* in_dispatch_mode = nullptr;    // torch.utils._python_dispatch.is_in_torch_dispatch_mode
   PyObject* in_function_mode = nullptr;    // torch._C._is_torch_function_mode_enabled
   PyObject* grad_enabled = nullptr;        // torch.is_grad_enabled
+  // (device index) -> torch.cuda.current_stream(device).cuda_stream, for a torch whose
+  // exchange table lacks current_work_stream.
+  PyObject* current_stream = nullptr;
   PyObject* is_cpu = nullptr;              // interned attribute names
+  PyObject* is_cuda = nullptr;
   PyObject* requires_grad = nullptr;
 };
 TorchFunctions torch_fns;
@@ -71,7 +75,8 @@ bool is_true(PyObject* value) {
 // tracer reads it, before any call into this extension. Here: no dispatch mode
 // (FakeTensorMode, make_fx's tracer) and no __torch_function__ mode (`with
 // torch.device(...)` included); per tensor, exactly torch.Tensor (a subclass may override
-// __torch_function__), on the CPU and not a functorch wrapper (vmap, grad,
+// __torch_function__), on the CPU or a CUDA device (on torch's current stream) and not a
+// functorch wrapper (vmap, grad,
 // functionalize); then kAutograd when grad mode is on and a tensor requires grad.
 Route route_of(PyObject* const* tensors, size_t count) {
   const TorchFunctions& fns = torch_functions();
@@ -87,7 +92,8 @@ Route route_of(PyObject* const* tensors, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     PyObject* t = tensors[i];
     if (t == Py_None) continue;
-    if (Py_TYPE(t) != fns.tensor_type || !is_true(PyObject_GetAttr(t, fns.is_cpu)) ||
+    if (Py_TYPE(t) != fns.tensor_type ||
+        !(is_true(PyObject_GetAttr(t, fns.is_cpu)) || is_true(PyObject_GetAttr(t, fns.is_cuda))) ||
         is_true(PyObject_CallOneArg(fns.is_functorch_wrapped, t))) {
       return kThroughOp;
     }
@@ -132,6 +138,28 @@ class TorchInput {
   nb::object capsule_;  // destroyed after tensor_
   Tensor tensor_;
 };
+
+// The cudaStream_t a call on `device` runs on: torch's current stream for the device, as
+// for torch's own ops, so the call is ordered after the work that wrote its inputs and
+// before the work that reads its outputs (no synchronization needed). CPU calls: none.
+void* torch_stream(Device device) {
+  if (device.type != DeviceType::kCUDA) return nullptr;
+  const TorchFunctions& fns = torch_functions();
+  if (fns.exchange != nullptr && fns.exchange->current_work_stream != nullptr) {
+    void* stream = nullptr;
+    if (fns.exchange->current_work_stream(kDLCUDA, device.index, &stream) != 0) {
+      throw nb::python_error();
+    }
+    return stream;
+  }
+  if (fns.current_stream == nullptr) {
+    throw std::runtime_error("sdpa._C: torch's current_stream is not registered");
+  }
+  nb::object handle = nb::steal(PyObject_CallOneArg(fns.current_stream,
+                                                    nb::int_(device.index).ptr()));
+  if (!handle.is_valid()) throw nb::python_error();
+  return reinterpret_cast<void*>(nb::cast<uintptr_t>(handle));
+}
 
 // Returns a library tensor as a torch tensor sharing its storage.
 nb::object export_torch(Tensor tensor) {
@@ -181,6 +209,7 @@ nb::object forward(nb::handle query, nb::handle key, nb::handle value, nb::handl
   const TorchInput q(query, "query"), k(key, "key"), v(value, "value");
   std::optional<TorchInput> mask;
   options.attn_mask = import_torch_mask(attn_mask, mask);
+  options.stream = torch_stream(q.tensor().device());
   AttentionResult r;
   {
     nb::gil_scoped_release release;
@@ -278,6 +307,7 @@ nb::tuple attention_backward(nb::handle grad_out, nb::handle query, nb::handle k
       torch_options(dropout_p, is_causal, scale, enable_gqa, nullptr, dropout_state);
   options.attn_mask = import_torch_mask(attn_mask, mask);
   options.attn_mask_requires_grad = attn_mask_requires_grad;
+  options.stream = torch_stream(q.tensor().device());
   AttentionGradients r;
   {
     nb::gil_scoped_release release;
@@ -309,7 +339,7 @@ const DLPackExchangeAPI* exchange_table(nb::handle capsule) {
 bool register_torch(nb::handle tensor_type, nb::handle to_dlpack, nb::handle from_dlpack,
                     nb::handle exchange_api, nb::handle is_functorch_wrapped,
                     nb::handle in_dispatch_mode, nb::handle in_function_mode,
-                    nb::handle grad_enabled) {
+                    nb::handle grad_enabled, nb::handle current_stream) {
   if (!PyType_Check(tensor_type.ptr())) throw nb::type_error("tensor_type: expected a type");
   // Re-registration (importlib.reload(sdpa.torch)) replaces the functions; the old ones
   // are kept alive, as a concurrent call may still hold them.
@@ -322,8 +352,10 @@ bool register_torch(nb::handle tensor_type, nb::handle to_dlpack, nb::handle fro
   torch_fns.in_dispatch_mode = keep(in_dispatch_mode);
   torch_fns.in_function_mode = keep(in_function_mode);
   torch_fns.grad_enabled = keep(grad_enabled);
+  torch_fns.current_stream = keep(current_stream);
   if (torch_fns.is_cpu == nullptr) {
     torch_fns.is_cpu = PyUnicode_InternFromString("is_cpu");
+    torch_fns.is_cuda = PyUnicode_InternFromString("is_cuda");
     torch_fns.requires_grad = PyUnicode_InternFromString("requires_grad");
   }
   return torch_fns.exchange != nullptr;
@@ -336,11 +368,12 @@ void bind_torch(nb::module_& m) {
         nb::arg("from_dlpack"), nb::arg("exchange_api").none(),
         nb::arg("is_functorch_wrapped").none(),
         nb::arg("in_dispatch_mode").none(), nb::arg("in_function_mode").none(),
-        nb::arg("grad_enabled"),
+        nb::arg("grad_enabled"), nb::arg("current_stream"),
         "Registers torch.Tensor, torch._C._to_dlpack, torch._C._from_dlpack, "
         "torch.Tensor.__dlpack_c_exchange_api__ (None: the two before are used), "
         "is_functorch_wrapped_tensor, is_in_torch_dispatch_mode, "
-        "_is_torch_function_mode_enabled and is_grad_enabled for the torch_* functions "
+        "_is_torch_function_mode_enabled, is_grad_enabled and (device index) -> "
+        "torch.cuda.current_stream(device).cuda_stream for the torch_* functions "
         "(a query None: every call takes the op). Called by sdpa.torch at import. Returns "
         "whether the exchange table is used.");
   m.def("torch_route",
