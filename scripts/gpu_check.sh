@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Runs every GPU test and the GPU benchmark on a machine with an NVIDIA GPU and CUDA 13,
+# and ends with a summary table:
+#   - the C++ suite sdpa_cuda_tests, and again under compute-sanitizer memcheck (the
+#     kernels sdpa owns);
+#   - the Python CUDA tests (torch is the reference) and bench/compare_torch_cuda.py.
+#
+#   bash scripts/gpu_check.sh [--quick]     # logs in $GPU_CHECK_OUT (build/gpu-check)
+#
+# It builds the CUDA parts first (the C++ tests and the Python extension). Offline GPU
+# machines: run scripts/gpu_deps.sh where there is network and bring .gpu-deps/ and
+# .deps/cudnn-frontend along. cuDNN comes from the loader's path or from torch's
+# nvidia-cudnn package (headers and library).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+out=${GPU_CHECK_OUT:-$root/build/gpu-check}
+rm -rf "$out" && mkdir -p "$out"
+quick=${1:-}
+declare -a rows=()
+status=0
+step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records the result and time
+  local name=$1; shift
+  local t0=$SECONDS code=0
+  "$@" >"$out/$name.log" 2>&1 || code=$?
+  if [ "$code" -eq 0 ]; then
+    rows+=("| $name | pass | $((SECONDS - t0)) s |")
+  else
+    rows+=("| $name | FAIL (exit $code) | $((SECONDS - t0)) s |")
+    status=1
+    echo "---- $name failed; last lines of $out/$name.log:"
+    tail -n 30 "$out/$name.log"
+  fi
+  return "$code"
+}
+
+prefix_path=""
+if [ -d .gpu-deps/usr ]; then
+  prefix_path="$root/.gpu-deps/usr"
+  export LD_LIBRARY_PATH="$root/.gpu-deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+cudnn_dir=$(python3 -c 'import nvidia.cudnn; print(list(nvidia.cudnn.__path__)[0])' 2>/dev/null || true)
+if [ -n "$cudnn_dir" ]; then
+  export CUDNN_ROOT="$cudnn_dir" LD_LIBRARY_PATH="$cudnn_dir/lib:$LD_LIBRARY_PATH"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
+echo "GPU: $(cat "$out/gpu.txt"); $(nvcc --version | tail -n 1); cmake $(cmake --version | head -n 1 | cut -d' ' -f3)"
+
+bin=build/gpu/tests
+# Built for the GPU present (SDPA_GPU_ARCHS overrides), tests and the Python extension only.
+step configure cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSDPA_CUDA=ON \
+  -DSDPA_CUDNN=ON -DSDPA_BUILD_PYTHON=ON -DSDPA_BUILD_BENCH=OFF \
+  -DCMAKE_CUDA_ARCHITECTURES="${SDPA_GPU_ARCHS:-native}" \
+  -DCMAKE_PREFIX_PATH="$prefix_path" -DPython_EXECUTABLE="$(command -v python3)"
+step build cmake --build build/gpu --target sdpa_cuda_tests _C
+step cpp_tests "$bin/sdpa_cuda_tests" --gtest_output="json:$out/cpp_tests.json"
+# memcheck slows kernels ~50x: the MATH kernels (every kernel sdpa owns), one cuDNN call,
+# streams and device memory.
+step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/sdpa_cuda_tests" \
+  --gtest_filter='CudaAttention.Math*:CudaAttention.CudnnTakesStridedInputs:CudaAttention.WorkRuns*:CudaAttention.Memory*:CudaAttention.Mixed*'
+
+# The Python package of this tree with the extension just built.
+stage=build/gpu/pystage
+rm -rf "$stage" && mkdir -p "$stage" && cp -r python/sdpa "$stage/"
+cp build/gpu/python/_C*.so "$stage/sdpa/" 2>/dev/null
+export PYTHONPATH="$root/$stage:${PYTHONPATH:-}"
+step py_tests python3 -m pytest -q -rs python/tests/test_cuda.py -p no:cacheprovider
+step bench python3 bench/compare_torch_cuda.py ${quick:+--quick} --json "$out/bench.json"
+
+echo
+echo "## GPU check: $(cat "$out/gpu.txt")"
+echo "| step | result | time |"
+echo "|---|---|---|"
+printf '%s\n' "${rows[@]}"
+grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests ran" "$out/cpp_tests.log" 2>/dev/null | head -20
+grep -E "ERROR SUMMARY" "$out/memcheck.log" 2>/dev/null
+grep -E "^(FAILED|ERROR)" "$out/py_tests.log" 2>/dev/null | head -n 30
+tail -n 1 "$out/py_tests.log" 2>/dev/null
+[ -f "$out/bench.log" ] && tail -n 32 "$out/bench.log"
+exit $status
