@@ -132,6 +132,9 @@ struct BackendVerdict {
   /// How this backend would take the call's attn_mask: "native: ...",
   /// "materialized: ..." or empty when the call has none.
   std::string bias_handling;
+  /// How this backend expresses the call, for backends that lower it (CUDNN_ATTENTION:
+  /// a flex score_mod as cuDNN pointwise nodes, or why it cannot); empty otherwise.
+  std::string lowering;
 };
 
 /// The choice for a call and every backend's verdict, in priority order.

@@ -6,6 +6,7 @@
 #include "cudnn/forward.h"
 #include "cudnn/graph_cache.h"
 #include "cudnn/handle.h"
+#include "cudnn/score_mod_lowering.h"
 #include "cuda/status.h"
 #include "sdpa/cuda.h"
 
@@ -55,6 +56,20 @@ bool check_graph(const AttentionParams& p, Reasons& r) {
   return false;
 }
 
+// explain(): a flex score_mod as the cuDNN pointwise nodes it lowers to, or why not.
+std::string describe(const AttentionParams& p) {
+  if (!p.mask.score_mod) return "";
+  cudnn::LoweredScoreMod lowered;
+  Reasons reasons;
+  if (!cudnn::lower_score_mod(*p.mask.score_mod, {p.batch, p.num_heads_q, p.q_len, p.kv_len},
+                              lowered, reasons)) {
+    std::string text = "score_mod cannot be lowered to cuDNN:";
+    for (const std::string& reason : reasons.items) text += "\n  " + reason;
+    return text;
+  }
+  return "score_mod as cuDNN pointwise nodes:\n" + lowered.to_string();
+}
+
 constexpr NamedCheck kCudnnChecks[] = {{"cuda_device", check_cuda_device},
                                        {"cudnn_library", check_cudnn_library},
                                        {"lowering", check_lowering},
@@ -70,7 +85,8 @@ const BackendImpl kCudnnBackend{SDPBackend::CUDNN_ATTENTION,
                                 nullptr,
                                 nullptr,
                                 &cudnn::forward,
-                                &cudnn::backward};
+                                &cudnn::backward,
+                                &describe};
 
 }  // namespace detail
 }  // namespace sdpa

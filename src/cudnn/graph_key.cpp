@@ -4,6 +4,8 @@
 
 #include "cudnn/graph_key.h"
 
+#include "cudnn/score_mod_lowering.h"
+
 #include <bit>
 #include <sstream>
 
@@ -37,8 +39,18 @@ int64_t float_bits(double value) {
 bool lower_mask(const AttentionParams& p, GraphSpec& s, Reasons& r) {
   const MaskDescriptor& m = p.mask;
   bool ok = true;
-  if (m.score_mod || m.block_mask) {
-    r.add("flex: score_mod/BlockMask programs are not lowered to cuDNN in this build");
+  if (m.score_mod) {
+    // The lowering exists (score_mod_lowering.h, shown by explain); the backend takes
+    // score_mods once the lowered graphs have been checked against the golden on a GPU.
+    LoweredScoreMod lowered;
+    if (lower_score_mod(*m.score_mod, {p.batch, p.num_heads_q, p.q_len, p.kv_len}, lowered, r)) {
+      r.add("flex: the score_mod lowers to ", std::to_string(lowered.nodes.size()),
+            " cuDNN pointwise nodes, but running them is not enabled in this build");
+    }
+    ok = false;
+  }
+  if (m.block_mask) {
+    r.add("flex: a BlockMask is not lowered to cuDNN in this build");
     ok = false;
   }
   if (m.has_documents() || !m.kv_lengths.empty()) {

@@ -6,6 +6,7 @@
 // overrideable.cpp, src/dispatch/unbuilt_backends.cpp); backend_table.cpp lists them.
 
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "dispatch/kernel_io.h"
@@ -49,6 +50,8 @@ struct BackendImpl {
   /// params.stream.
   ForwardFn cuda_forward = nullptr;
   BackwardFn cuda_backward = nullptr;
+  /// explain()'s BackendVerdict::lowering for the call (null: nothing to describe).
+  std::string (*describe)(const AttentionParams& params) = nullptr;
 };
 
 /// The records of the table (backend_table.cpp), defined next to each backend's kernels.

@@ -63,6 +63,7 @@ Explanation explain(const AttentionParams& params) {
                         (dense && native ? " (dense tensor)" : "") + ": " +
                         params.bias->describe();
     }
+    if (const auto describe = detail::backend_impl(b).describe) v.lowering = describe(params);
     if (e.chosen == SDPBackend::ERROR && v.allowed && v.supported) e.chosen = b;
     e.verdicts.push_back(std::move(v));
   }
@@ -88,6 +89,10 @@ std::string Explanation::to_string() const {
       for (const std::string& reason : v.reasons) os << "\n  - " << reason;
     }
     if (!v.bias_handling.empty()) os << "\n  attn_mask: " << v.bias_handling;
+    if (!v.lowering.empty()) {
+      std::istringstream lines(v.lowering);
+      for (std::string line; std::getline(lines, line);) os << "\n  | " << line;
+    }
     os << '\n';
   }
   return os.str();

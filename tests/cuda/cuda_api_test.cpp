@@ -2,6 +2,7 @@
 // are explained (every backend's reasons) and refused with sdpa::Error, never a crash.
 
 #include "sdpa/cuda.h"
+#include "sdpa/flex_mods.h"
 #include "training/attention_test_util.h"
 
 namespace sdpa_test {
@@ -43,6 +44,20 @@ TEST(CudaApi, ExplainListsEveryBackendForCudaTensors) {
   EXPECT_NE(text.find("FLASH_ATTENTION"), std::string::npos);
   EXPECT_NE(text.find("cpu"), std::string::npos) << text;
 }
+
+#ifdef SDPA_HAVE_CUDNN
+TEST(CudaApi, ExplainShowsTheScoreModAsCudnnPointwiseNodes) {
+  if (sdpa::cuda::is_available()) GTEST_SKIP() << "a GPU is present: the fake pointer would be read";
+  const Tensor q = fake_cuda_tensor();
+  sdpa::AttentionParams p = sdpa::make_params(q, q, q, {});
+  p.mask.score_mod = std::make_shared<const sdpa::flex::Program>(
+      sdpa::flex::Program::from_score_mod(sdpa::flex::mods::soft_cap(20.0)));
+  const std::string text = sdpa::explain(p).to_string();
+  EXPECT_NE(text.find("score_mod as cuDNN pointwise nodes"), std::string::npos) << text;
+  EXPECT_NE(text.find("TANH_FWD"), std::string::npos) << text;
+  EXPECT_NE(text.find("running them is not enabled"), std::string::npos) << text;
+}
+#endif
 
 TEST(CudaApi, CallsWithoutADeviceAreErrors) {
   if (sdpa::cuda::is_available()) GTEST_SKIP() << "a GPU is present";
