@@ -21,7 +21,7 @@ struct SDPAOptions {
   /// None; a tensor broadcastable to [B, Hq, L, S] (bool, true = the key takes part, or
   /// float of the query dtype, added to the scores); or any AttnBias (attn_bias.h).
   AttnMask attn_mask;
-  /// Probability in [0, 1) of dropping an attention weight.
+  /// Probability in [0, 1] of dropping an attention weight (1: every weight; out = 0).
   double dropout_p = 0.0;
   /// Causal mask aligned top-left (query i sees keys j <= i). Error with attn_mask.
   bool is_causal = false;

@@ -35,6 +35,10 @@ bool check_flash_cpu_dtype(const AttentionParams& p, Reasons& r) {
 }
 
 bool check_flash_cpu_head_dim(const AttentionParams& p, Reasons& r) {
+  if (p.head_dim_qk == 0 || p.head_dim_vo == 0) {
+    r.add("head_dim 0: an empty dot product; MATH serves it");
+    return false;
+  }
   if (p.head_dim_qk <= kFlashCpuMaxHeadDim && p.head_dim_vo <= kFlashCpuMaxHeadDim) return true;
   if (r.collect) {
     r.add("head_dim ", std::to_string(p.head_dim_qk), "/", std::to_string(p.head_dim_vo),

@@ -147,8 +147,8 @@ bool lower(const AttentionParams& p, GraphSpec& s, Reasons& r) {
     r.add("dtype: cuDNN attention takes float16 and bfloat16, got ", std::string(dtype_name(p.dtype)));
     ok = false;
   }
-  if (p.head_dim_qk % 8 != 0 || p.head_dim_vo % 8 != 0 || p.head_dim_qk > 256 ||
-      p.head_dim_vo > 256) {
+  if (p.head_dim_qk == 0 || p.head_dim_vo == 0 || p.head_dim_qk % 8 != 0 ||
+      p.head_dim_vo % 8 != 0 || p.head_dim_qk > 256 || p.head_dim_vo > 256) {
     if (r.collect) {
       r.add("head_dim: cuDNN takes multiples of 8 up to 256, got E = ",
             std::to_string(p.head_dim_qk), ", Ev = ", std::to_string(p.head_dim_vo));

@@ -4,6 +4,7 @@
 #include "cuda/math.h"
 #include "dispatch/backend_impl.h"
 #include "dispatch/lowering.h"
+#include "sdpa/flex.h"
 #include "sdpa/cuda.h"
 
 namespace sdpa::detail {
@@ -65,6 +66,16 @@ void forward_into(const BackendImpl& impl, const AttentionParams& params, const 
   // No query row: out and lse have no element, and a kernel would still size its scratch
   // and loops by the keys (MATH took seconds and gigabytes for B = 0 beside 2^27 keys).
   if (params.batch * params.num_heads_q * params.q_len == 0) return;
+  // dropout_p = 1 drops every weight (PyTorch: out = 0); lse is of the undropped scores,
+  // so the kernel runs without dropout (its 1 / (1 - p) scaling would be infinite).
+  if (params.dropout.p >= 1.0) {
+    AttentionParams undropped = params;
+    undropped.dropout.p = 0.0;
+    forward_into(impl, undropped, out, lse);
+    Tensor zeroed = out;
+    fill_zeros(params, zeroed);
+    return;
+  }
   // Two calls, not a conditional expression: that would copy `params` (its tensors'
   // shapes included) on every call.
   if (impl.native_bias) {
@@ -80,9 +91,18 @@ void backward_into(const BackendImpl& impl, const AttentionParams& params,
       kernel_for(params, impl, impl.backward, impl.cuda_backward, "backward");
   // No query row (and no score_mod, whose captured tensors' gradients the kernels size):
   // every gradient is zero or empty.
-  if (params.batch * params.num_heads_q * params.q_len == 0 && !params.mask.score_mod) {
+  // dropout_p = 1: the output is 0 whatever the inputs, so every gradient is 0.
+  const bool all_dropped = params.dropout.p >= 1.0;
+  if ((params.batch * params.num_heads_q * params.q_len == 0 && !params.mask.score_mod) ||
+      all_dropped) {
     for (Tensor* t : {&outputs.grad_q, &outputs.grad_k, &outputs.grad_v, &outputs.grad_mask}) {
       if (t->defined()) fill_zeros(params, *t);
+    }
+    if (all_dropped && params.mask.score_mod) {
+      for (const flex::Captured& c : params.mask.score_mod->captured()) {
+        outputs.grad_captured.push_back(
+            c.requires_grad() ? Tensor::zeros(c.tensor().sizes(), c.tensor().dtype()) : Tensor());
+      }
     }
     return;
   }

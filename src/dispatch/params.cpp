@@ -110,7 +110,6 @@ AttentionParams make_params(const Tensor& q_in, const Tensor& k_in, const Tensor
   check_same("value", "key heads", p.num_heads_kv, "value heads", p.v.size(1), k_in, v_in);
   check_same("value", "key length S", p.kv_len, "value length S", p.v.size(2), k_in, v_in);
   check_same("key", "query head_dim E", p.head_dim_qk, "key head_dim E", p.k.size(3), q_in, k_in);
-  SDPA_CHECK(p.head_dim_qk >= 1, "query: expected head_dim E >= 1, got ", p.head_dim_qk);
   if (opt.enable_gqa) {
     SDPA_CHECK(p.num_heads_kv >= 1 && p.num_heads_q % p.num_heads_kv == 0,
                "key: with enable_gqa, query heads Hq (", p.num_heads_q,
@@ -135,13 +134,14 @@ AttentionParams make_params(const Tensor& q_in, const Tensor& k_in, const Tensor
              "query/value: the output element count B * Hq * L * Ev = ", p.batch, " * ",
              p.num_heads_q, " * ", p.q_len, " * ", p.head_dim_vo, " overflows int64");
 
-  SDPA_CHECK(opt.dropout_p >= 0.0 && opt.dropout_p < 1.0,
-             "dropout_p: expected a probability in [0, 1), got ", opt.dropout_p);
+  SDPA_CHECK(opt.dropout_p >= 0.0 && opt.dropout_p <= 1.0,
+             "dropout_p: expected a probability in [0, 1], got ", opt.dropout_p);
   if (opt.scale) {
     SDPA_CHECK(std::isfinite(*opt.scale), "scale: expected a finite number, got ", *opt.scale);
     p.scale = *opt.scale;
   } else {
-    p.scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim_qk));
+    // E = 0: every score is an empty dot product (0) whatever the scale; 1 keeps it finite.
+    p.scale = p.head_dim_qk == 0 ? 1.0 : 1.0 / std::sqrt(static_cast<double>(p.head_dim_qk));
   }
 
   if (opt.attn_mask.defined()) {
