@@ -66,7 +66,9 @@ struct AttentionGradients {
 
 /// Returns softmax(q k^T * scale + mask) v, with q [B, Hq, L, E], k [B, Hkv, S, E],
 /// v [B, Hkv, S, Ev] (or 3-D without B), any strides, dtype float32/float64/bfloat16/
-/// float16. Fully masked rows give zeros. Throws sdpa::Error for invalid input (naming the
+/// float16. Also, as PyTorch: q [*, L, E] with 0 to 6 leading dimensions, and k/v whose
+/// leading dimensions broadcast against q's (out takes q's shape; docs/semantics.md).
+/// Fully masked rows give zeros. Throws sdpa::Error for invalid input (naming the
 /// argument, expected and actual) and when no allowed backend supports the call (listing
 /// every backend's reasons).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -97,7 +99,9 @@ bool are_deterministic_algorithms_enabled();
 
 /// Validates the inputs and normalizes them into AttentionParams (4-D views, the mask as
 /// a native descriptor, the default scale, dropout state drawn from the generator when
-/// dropout_p > 0). Throws sdpa::Error for invalid input.
+/// dropout_p > 0). q, k, v: 3-D or 4-D of one rank (scaled_dot_product_attention and its
+/// backward first reduce other ranks and broadcast k/v to that form). Throws sdpa::Error
+/// for invalid input.
 AttentionParams make_params(const Tensor& q, const Tensor& k, const Tensor& v,
                             const SDPAOptions& options = {});
 

@@ -163,8 +163,10 @@ def test_sdpa_tensor_exports_versioned_and_legacy(rng):
 
 
 @pytest.mark.parametrize("call, error, match", [
+    (lambda q: sdpa.scaled_dot_product_attention(q[0, 0, 0], q, q), ValueError,
+     r"query: expected 2 to 8 dimensions \[\*, L, E\], got 1-D"),
     (lambda q: sdpa.scaled_dot_product_attention(q[0, 0], q, q), ValueError,
-     r"query: expected a 3-D \[Hq, L, E\] or 4-D"),
+     r"key: expected 2 to 2 dimensions \(at most the query's\), got 4-D"),
     (lambda q: sdpa.scaled_dot_product_attention(q, q.astype(np.float64), q), ValueError,
      "key: expected dtype float32"),
     (lambda q: sdpa.scaled_dot_product_attention(q.astype(np.int32), q, q), ValueError,
@@ -193,8 +195,9 @@ def test_sdpa_tensor_exports_versioned_and_legacy(rng):
      "dropout_p: expected a number, got str '0.1'"),
     (lambda q: sdpa.scaled_dot_product_attention(q, q, q, scale=[0.5]), TypeError,
      r"scale: expected a number, got list \[0.5\]"),
-    (lambda q: sdpa.scaled_dot_product_attention(q, q[:, :1], q[:, :1]), ValueError,
-     "enable_gqa"),
+    (lambda q: sdpa.scaled_dot_product_attention(q, np.ones((2, 3, 4, 4), np.float32),
+                                                 np.ones((2, 3, 4, 4), np.float32)),
+     ValueError, "enable_gqa"),
     (lambda q: sdpa.scaled_dot_product_attention(q, q, q, scale=float("nan")), ValueError,
      "scale: expected a finite number"),
     (lambda q: sdpa.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((4, 4), np.float64)),
@@ -219,10 +222,9 @@ def test_error_type():
     # for torch catches that).
     assert issubclass(sdpa.Error, ValueError) and issubclass(sdpa.Error, RuntimeError)
     for caught in (sdpa.Error, ValueError, RuntimeError):
-        with pytest.raises(caught, match="query: expected a 3-D"):
-            sdpa.scaled_dot_product_attention(np.ones((2, 2), np.float32),
-                                              np.ones((2, 2), np.float32),
-                                              np.ones((2, 2), np.float32))
+        with pytest.raises(caught, match="query: expected 2 to 8 dimensions"):
+            sdpa.scaled_dot_product_attention(np.ones(2, np.float32), np.ones(2, np.float32),
+                                              np.ones(2, np.float32))
 
 
 def test_backend_enum_matches_pytorch_values():

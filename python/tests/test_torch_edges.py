@@ -45,3 +45,26 @@ def test_head_dim_zero_like_torch(e_v):
     for mine, theirs in zip(ours, grads):
         assert mine.shape == theirs.shape
         torch.testing.assert_close(mine, theirs)
+
+
+@pytest.mark.parametrize("shapes", [
+    ((7, 16), (9, 16), (9, 12)),                                  # 2-D
+    ((2, 3, 4, 7, 16), (2, 3, 4, 9, 16), (2, 3, 4, 9, 12)),       # 5-D
+    ((3, 4, 7, 16), (1, 4, 9, 16), (1, 4, 9, 12)),                # k/v batch 1
+    ((3, 4, 7, 16), (4, 9, 16), (4, 9, 12)),                      # 4-D q, 3-D k/v
+    ((3, 4, 7, 16), (3, 1, 9, 16), (3, 1, 9, 12)),                # one k/v head
+], ids=["2d", "5d", "kv_batch_1", "kv_3d", "kv_one_head"])
+def test_ranks_and_broadcast_key_values_like_torch(shapes):
+    sq, sk, sv = shapes
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True)
+               for s in (sq, sk, sv))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out = sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out, expected)
+    grad_out = torch.randn_like(expected)
+    for mine, theirs in zip(torch.autograd.grad(out, (q, k, v), grad_out),
+                            torch.autograd.grad(expected, (q, k, v), grad_out)):
+        assert mine.shape == theirs.shape
+        torch.testing.assert_close(mine, theirs)

@@ -1,6 +1,7 @@
 // The public forward entry points: validate, select, run the selected backend's kernel.
 
 #include "dispatch/backend_impl.h"
+#include "dispatch/broadcast.h"
 #include "dispatch/lowering.h"
 
 namespace sdpa {
@@ -32,7 +33,15 @@ AttentionResult run_forward(const AttentionParams& params) {
 AttentionResult scaled_dot_product_attention_with_lse(const Tensor& q, const Tensor& k,
                                                       const Tensor& v,
                                                       const SDPAOptions& options) {
-  return run_forward(make_params(q, k, v, options));
+  if (!detail::needs_broadcast(q, k, v, options)) return run_forward(make_params(q, k, v, options));
+  // Other ranks and broadcast k/v: a 4-D call on views, results shaped like q.
+  const detail::BroadcastCall c = detail::broadcast_call(q, k, v, options);
+  AttentionResult r = run_forward(make_params(c.q, c.k, c.v, c.options));
+  Shape out_shape = c.q_shape;
+  out_shape.back() = c.v_shape.back();
+  r.out = r.out.view(out_shape);
+  r.lse = r.lse.view(Shape(c.q_shape.begin(), c.q_shape.end() - 1));
+  return r;
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,

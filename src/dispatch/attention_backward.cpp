@@ -1,48 +1,14 @@
 // The public backward entry point: validate, select (same checks as the forward, with
 // params.backward set), run, and reduce the mask gradient to the mask's own shape.
 
-#include <vector>
-
-#include "core/element_access.h"
 #include "dispatch/backend_impl.h"
+#include "dispatch/broadcast.h"
 #include "dispatch/lowering.h"
 #include "sdpa/cuda.h"
 #include "sdpa/registry.h"
 #include "sdpa/flex.h"
 
 namespace sdpa {
-namespace {
-
-// Sums full [B, Hq, L, S] gradients over the dimensions the mask was broadcast along
-// (autograd's rule for broadcasting), returning a tensor of the mask's shape and dtype.
-Tensor sum_to_mask_shape(const Tensor& full, const Tensor& mask) {
-  const Shape& shape = mask.sizes();
-  const int64_t lead = full.dim() - mask.dim();
-  std::vector<double> sums(static_cast<size_t>(checked_numel(shape)), 0.0);
-  const Shape mask_strides = contiguous_strides(shape);
-  const int64_t n = full.numel();
-  const Shape full_shape = full.sizes();
-  Shape index(full.dim(), 0);
-  const auto* data = full.data<char>();
-  for (int64_t linear = 0; linear < n; ++linear) {
-    int64_t target = 0;
-    for (int64_t d = 0; d < mask.dim(); ++d) {
-      if (shape[d] != 1) target += index[lead + d] * mask_strides[d];
-    }
-    sums[target] += detail::load_element(data, full.dtype(), linear);
-    for (int64_t d = full.dim() - 1; d >= 0; --d) {
-      if (++index[d] < full_shape[d]) break;
-      index[d] = 0;
-    }
-  }
-  Tensor out = Tensor::empty(shape, mask.dtype());
-  for (size_t i = 0; i < sums.size(); ++i) {
-    detail::store_element(out.data_ptr(), out.dtype(), static_cast<int64_t>(i), sums[i]);
-  }
-  return out;
-}
-
-}  // namespace
 
 // As run_forward: built-in backends write into gradients allocated here, OVERRIDEABLE
 // runs through the operator registry.
@@ -67,11 +33,12 @@ AttentionGradients run_backward(const AttentionParams& p, const Tensor& attn_mas
     const Tensor grad_mask = drop_batch(outputs.grad_mask);
     if (p.device.type == DeviceType::kCUDA) {
       g.grad_attn_mask = cuda::to_device(
-          sum_to_mask_shape(cuda::to_device(grad_mask, Device{}, p.stream), attn_mask),
+          detail::sum_to_shape(cuda::to_device(grad_mask, Device{}, p.stream), attn_mask.sizes(),
+                               attn_mask.dtype()),
           attn_mask.device(), p.stream);
     } else {
       g.grad_attn_mask = to_device(
-          sum_to_mask_shape(to_host(grad_mask), attn_mask), attn_mask.device());
+          detail::sum_to_shape(to_host(grad_mask), attn_mask.sizes(), attn_mask.dtype()), attn_mask.device());
     }
   }
   g.grad_captured = std::move(outputs.grad_captured);
@@ -88,8 +55,31 @@ AttentionGradients scaled_dot_product_attention_backward(const Tensor& grad_out,
                                                          const Tensor& v, const Tensor& out,
                                                          const Tensor& lse,
                                                          const SDPAOptions& options) {
-  return run_backward(make_backward_params(grad_out, q, k, v, out, lse, options),
-                      options.attn_mask.tensor());
+  if (!detail::needs_broadcast(q, k, v, options)) {
+    return run_backward(make_backward_params(grad_out, q, k, v, out, lse, options),
+                        options.attn_mask.tensor());
+  }
+  // Other ranks and broadcast k/v: grad_out, out and lse are shaped like q's outputs;
+  // the gradients come back shaped like each input, summed over broadcast dimensions.
+  const detail::BroadcastCall c = detail::broadcast_call(q, k, v, options);
+  Shape out_shape = c.q_shape;
+  out_shape.back() = c.v_shape.back();
+  const Shape lse_shape(c.q_shape.begin(), c.q_shape.end() - 1);
+  SDPA_CHECK(grad_out.defined() && grad_out.sizes() == out_shape, "grad_out: expected shape ",
+             shape_str(out_shape), ", got ", grad_out.defined() ? shape_str(grad_out.sizes()) : "none");
+  SDPA_CHECK(out.defined() && out.sizes() == out_shape, "out: expected shape ",
+             shape_str(out_shape), ", got ", out.defined() ? shape_str(out.sizes()) : "none");
+  SDPA_CHECK(lse.defined() && lse.sizes() == lse_shape, "lse: expected shape ",
+             shape_str(lse_shape), ", got ", lse.defined() ? shape_str(lse.sizes()) : "none");
+  const Tensor g4 = detail::merge_batch_dims(grad_out, options.stream);
+  const Tensor o4 = detail::merge_batch_dims(out, options.stream);
+  const Tensor l4 = detail::merge_batch_dims(lse.unsqueeze(-1), options.stream).squeeze(3);
+  AttentionGradients g =
+      run_backward(make_backward_params(g4, c.q, c.k, c.v, o4, l4, c.options), Tensor());
+  g.grad_q = g.grad_q.view(c.q_shape);
+  g.grad_k = detail::reduce_gradient(g.grad_k, c.k_expanded, c.k_shape, options.stream);
+  g.grad_v = detail::reduce_gradient(g.grad_v, c.v_expanded, c.v_shape, options.stream);
+  return g;
 }
 
 }  // namespace sdpa
