@@ -21,13 +21,7 @@ std::array<int64_t, 4> contiguous(const std::array<int64_t, 4>& d) {
 
 std::shared_ptr<fe::graph::Graph> build_backward_graph(const GraphSpec& spec,
                                                        cudnnHandle_t handle) {
-  auto graph = std::make_shared<fe::graph::Graph>();
-  graph->set_io_data_type(io_type(spec))
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = tensor(*graph, "q", kQ, spec.q);
-  auto k = tensor(*graph, "k", kK, spec.k);
-  auto v = tensor(*graph, "v", kV, spec.v);
+  auto [graph, q, k, v] = new_graph(spec);
   auto out = tensor(*graph, "out", kOut, spec.out);
   auto grad_out = tensor(*graph, "grad_out", kGradOut, spec.grad_out);
   auto lse = tensor(*graph, "lse", kLse, spec.lse);

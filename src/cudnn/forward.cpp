@@ -17,13 +17,7 @@ namespace sdpa::cudnn {
 
 std::shared_ptr<fe::graph::Graph> build_forward_graph(const GraphSpec& spec,
                                                       cudnnHandle_t handle) {
-  auto graph = std::make_shared<fe::graph::Graph>();
-  graph->set_io_data_type(io_type(spec))
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = tensor(*graph, "q", kQ, spec.q);
-  auto k = tensor(*graph, "k", kK, spec.k);
-  auto v = tensor(*graph, "v", kV, spec.v);
+  auto [graph, q, k, v] = new_graph(spec);
   auto attributes = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true);
   apply_mask(*graph, spec, attributes);
   auto [out, stats] = graph->sdpa(q, k, v, attributes);

@@ -30,6 +30,23 @@ inline std::shared_ptr<fe::graph::Tensor_attributes> tensor(fe::graph::Graph& gr
                           .set_stride({spec.strides.begin(), spec.strides.end()}));
 }
 
+/// A graph with sdpa's data types (inputs and outputs in the query dtype; scores, softmax
+/// and accumulation in float32) and its q, k, v inputs.
+struct NewGraph {
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::shared_ptr<fe::graph::Tensor_attributes> q, k, v;
+};
+inline NewGraph new_graph(const GraphSpec& spec) {
+  NewGraph g{std::make_shared<fe::graph::Graph>(), nullptr, nullptr, nullptr};
+  g.graph->set_io_data_type(io_type(spec))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  g.q = tensor(*g.graph, "q", kQ, spec.q);
+  g.k = tensor(*g.graph, "k", kK, spec.k);
+  g.v = tensor(*g.graph, "v", kV, spec.v);
+  return g;
+}
+
 /// A scalar int64 passed by value (dropout seed and offset).
 inline std::shared_ptr<fe::graph::Tensor_attributes> scalar(fe::graph::Graph& graph,
                                                             const char* name, int64_t uid) {
