@@ -50,7 +50,7 @@ struct View {
 struct DenseMask {
   const void* data = nullptr;
   int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  int kind = 0;  // 0 none, 1 bool (true = keep), 2 additive in the query dtype
+  int kind = 0;  // 0 none, 1 bool (true = keep), 2 additive in the query dtype, 3 float32
 };
 
 /// Diagonal bands in the sequence frame (every bias but is_causal reaches MATH as its
@@ -97,6 +97,7 @@ __device__ inline Acc apply_mask(Acc s, const DenseMask& m, const Bands& bands, 
   if (m.kind == 1) {
     return static_cast<const bool*>(m.data)[at] ? s : Acc(-INFINITY);
   }
+  if (m.kind == 3) return s + Acc(static_cast<const float*>(m.data)[at]);
   return s + to_acc(static_cast<const T*>(m.data)[at]);
 }
 

@@ -45,8 +45,11 @@ struct Launch {
       dense = to_device(compact, p.device, p.stream).expand(dense.sizes());
     }
     dense_owner = dense;
+    // Biases materialized for half-precision calls come in float32 (with_materialized_bias).
+    const int additive = dense.dtype() == p.dtype ? 2 : 3;
     mask = DenseMask{dense.data_ptr(), dense.stride(0), dense.stride(1), dense.stride(2),
-                     dense.stride(3), p.mask.dense_kind == DenseMaskKind::kBoolKeep ? 1 : 2};
+                     dense.stride(3),
+                     p.mask.dense_kind == DenseMaskKind::kBoolKeep ? 1 : additive};
   }
 
   /// Blocks for `rows` rows: one each, up to a grid the hardware takes in one launch.

@@ -5,7 +5,8 @@
 
 namespace sdpa {
 
-/// `params` with its AttnBias replaced by the bias's dense materialize(): what a backend
+/// `params` with its AttnBias replaced by the bias's dense materialize() (float32 for
+/// half-precision calls, as the fused kernels add biases in float32): what a backend
 /// that does not run biases natively (MATH) receives. Returns `params` unchanged when the
 /// mask already is dense or absent.
 AttentionParams with_materialized_bias(const AttentionParams& params);

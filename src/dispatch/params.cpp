@@ -47,8 +47,12 @@ AttentionParams with_materialized_bias(const AttentionParams& params) {
   AttentionParams p = params;
   const BiasShape shape{p.batch, p.num_heads_q, p.q_len, p.kv_len};
   // Only the bias is replaced by its dense form; flex parts (score_mod, BlockMask) stay.
+  // Half-precision calls get it in float32, the precision the fused kernels add it in:
+  // float16 would turn terms beyond 65504 (a long-range ALiBi) into infinities.
+  const DType dtype = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16
+                          ? DType::kFloat32 : p.dtype;
   MaskDescriptor mask;
-  TensorBias(p.bias->materialize(shape, p.dtype)).lower(shape, mask);
+  TensorBias(p.bias->materialize(shape, dtype)).lower(shape, mask);
   mask.score_mod = p.mask.score_mod;
   mask.block_mask = p.mask.block_mask;
   p.mask = std::move(mask);

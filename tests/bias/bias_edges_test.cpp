@@ -241,5 +241,25 @@ INSTANTIATE_TEST_SUITE_P(Backends, BiasEdges,
                            return std::string(sdpa::backend_name(info.param));
                          });
 
+// A float16 call whose ALiBi terms all exceed float16's range on the first rows (more
+// queries than keys, bottom-right: rows i < 31 are at distance >= 1 from every key, and
+// the slope is 1e5). FLASH adds them in float32; MATH, which sees the bias materialized,
+// must too: materialized in float16 they were -inf, and those rows came out fully masked.
+TEST(BiasPrecision, HalfPrecisionMathAddsBiasesInFloat32LikeFlash) {
+  const Tensor q = randn({1, 2, 64, 16}, DType::kFloat16, 1, 0.05);
+  const Tensor k = randn({1, 2, 33, 16}, DType::kFloat16, 2, 0.05);
+  const Tensor v = randn({1, 2, 33, 16}, DType::kFloat16, 3);
+  SDPAOptions o;
+  o.attn_mask = std::make_shared<sdpa::AlibiBias>(std::vector<float>{1e5f, 1e-4f});
+  const Tensor grad_out = randn({1, 2, 64, 16}, DType::kFloat16, 4);
+  const FwdBwd flash = run_fwd_bwd(SDPBackend::FLASH_ATTENTION, q, k, v, grad_out, o);
+  const FwdBwd math = run_fwd_bwd(SDPBackend::MATH, q, k, v, grad_out, o);
+  EXPECT_FALSE(has_nan(math.fwd.lse));
+  EXPECT_TRUE(std::isfinite(math.fwd.lse.item({0, 0, 0}))) << math.fwd.lse.item({0, 0, 0});
+  EXPECT_TRUE(close_to("lse", math.fwd.lse, flash.fwd.lse, DType::kFloat32));
+  EXPECT_TRUE(close_to("out", math.fwd.out, flash.fwd.out, DType::kFloat16));
+  EXPECT_TRUE(close_to("grad_v", math.grads.grad_v, flash.grads.grad_v, DType::kFloat16));
+}
+
 }  // namespace
 }  // namespace sdpa_test
