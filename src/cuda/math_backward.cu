@@ -14,7 +14,7 @@ namespace math {
 namespace {
 
 // The pieces of one (query row, key) pair the gradients need.
-template <typename T, typename Acc>
+template <typename Acc>
 struct Pair {
   Acc p;   // softmax probability (before dropout)
   Acc z;   // dropout factor (1 without dropout)
@@ -23,13 +23,13 @@ struct Pair {
 
 // P, Z and dS for query (b, h, i) and key j, given the cached q_i and dO_i rows.
 template <typename T, typename Acc>
-__device__ Pair<T, Acc> pair(const Acc* q_row, const Acc* do_row, Acc d_i, float lse_i,
+__device__ Pair<Acc> pair(const Acc* q_row, const Acc* do_row, Acc d_i, float lse_i,
                              const View<T>& k, const View<T>& v, const DenseMask& mask,
                              const Geometry& g, int64_t b, int64_t h, int64_t i, int64_t j) {
   const int64_t hk = h / g.group();
   Acc s = dot(q_row, k.row(b, hk, j), k.s3, g.head_dim) * Acc(g.scale);
   s = apply_mask<T, Acc>(s, mask, g.bands, b, h, i, j);
-  Pair<T, Acc> r{0, 1, 0};
+  Pair<Acc> r{0, 1, 0};
   // A masked key, or a fully masked row (lse = -inf), has no gradient.
   if (s == Acc(-INFINITY) || lse_i == -INFINITY) return r;
   r.p = exp(s - Acc(lse_i));
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t h = hk * g.group(); h < (hk + 1) * g.group(); ++h) {
       for (int64_t i0 = 0; i0 < g.q_len; i0 += kThreads) {
         const int64_t i = i0 + t;
-        Pair<T, Acc> r{0, 1, 0};
+        Pair<Acc> r{0, 1, 0};
         if (i < g.q_len) {
           // Each thread has its own query row: read through its strides, not cached.
           const int64_t row = (b * g.heads_q + h) * g.q_len + i;

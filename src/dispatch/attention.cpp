@@ -37,10 +37,8 @@ AttentionResult scaled_dot_product_attention_with_lse(const Tensor& q, const Ten
   // Other ranks and broadcast k/v: a 4-D call on views, results shaped like q.
   const detail::BroadcastCall c = detail::broadcast_call(q, k, v, options);
   AttentionResult r = run_forward(make_params(c.q, c.k, c.v, c.options));
-  Shape out_shape = c.q_shape;
-  out_shape.back() = c.v_shape.back();
-  r.out = r.out.view(out_shape);
-  r.lse = r.lse.view(Shape(c.q_shape.begin(), c.q_shape.end() - 1));
+  r.out = r.out.view(c.out_shape());
+  r.lse = r.lse.view(c.lse_shape());
   return r;
 }
 

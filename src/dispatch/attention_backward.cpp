@@ -62,9 +62,7 @@ AttentionGradients scaled_dot_product_attention_backward(const Tensor& grad_out,
   // Other ranks and broadcast k/v: grad_out, out and lse are shaped like q's outputs;
   // the gradients come back shaped like each input, summed over broadcast dimensions.
   const detail::BroadcastCall c = detail::broadcast_call(q, k, v, options);
-  Shape out_shape = c.q_shape;
-  out_shape.back() = c.v_shape.back();
-  const Shape lse_shape(c.q_shape.begin(), c.q_shape.end() - 1);
+  const Shape out_shape = c.out_shape(), lse_shape = c.lse_shape();
   SDPA_CHECK(grad_out.defined() && grad_out.sizes() == out_shape, "grad_out: expected shape ",
              shape_str(out_shape), ", got ", grad_out.defined() ? shape_str(grad_out.sizes()) : "none");
   SDPA_CHECK(out.defined() && out.sizes() == out_shape, "out: expected shape ",

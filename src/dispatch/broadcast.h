@@ -17,6 +17,14 @@ struct BroadcastCall {
   SDPAOptions options;  ///< a tensor attn_mask of q's rank merged like q
   Shape q_shape, k_shape, v_shape;  ///< the caller's
   Shape k_expanded, v_expanded;     ///< k/v broadcast to q's leading dims, before merging
+
+  /// The caller's out [*, L, Ev] and lse [*, L] shapes.
+  Shape out_shape() const {
+    Shape s = q_shape;
+    s.back() = v_shape.back();
+    return s;
+  }
+  Shape lse_shape() const { return Shape(q_shape.begin(), q_shape.end() - 1); }
 };
 
 /// Whether the call needs reducing: q not 3-D/4-D, k/v of another rank than q, or k/v
