@@ -116,8 +116,13 @@ void ProbsAndScoreGrads(const BackwardCall& call, const PackedBackwardGroup& gro
       std::fill(ws.keep, ws.keep + kBlockKv, 1.0f);
       apply_dropout(p, {b, h, i, kv_begin}, ws.keep, cols);
     }
+    const auto zero = hn::Zero(d);
     for (int64_t j = 0; j < kBlockKv; j += lanes) {
-      const auto pr = FastExp(d, hn::Sub(hn::LoadU(d, prob + j), vlse));
+      // P <= 1: at huge scores (|s| ~ 1e7) the float32 lse is a few units off the
+      // recomputed scores, and exp of a positive exponent would blow the gradients up.
+      // The comparison keeps a NaN exponent NaN.
+      const auto exponent = hn::Sub(hn::LoadU(d, prob + j), vlse);
+      const auto pr = FastExp(d, hn::IfThenElse(hn::Gt(exponent, zero), zero, exponent));
       auto dp = hn::LoadU(d, dscore + j);
       auto pr_dropped = pr;
       if (p.has_dropout()) {

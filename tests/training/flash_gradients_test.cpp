@@ -356,6 +356,46 @@ TEST_P(DegenerateShapes, FloatMaskOfMinusInfinityGivesZeroGradients) {
   EXPECT_FALSE(has_nan(r.grads.grad_q) || has_nan(r.grads.grad_k) || has_nan(r.grads.grad_v));
 }
 
+// Saturated softmax at huge scales (|scale * q.k| up to ~1e8): the float32 lse is a few
+// units off the backward's recomputed scores, which once made P = exp(s - lse) exceed 1
+// and grad_v reach thousands where the float64 golden is ~4. grad_v must stay within
+// the lse's rounding and bounded by P <= 1; grad_q and grad_k carry the forward's rounding times the scale
+// (delta = rowsum(dO o O) is float32), so they are bounded by scale * eps * |k| |v| |dO|.
+TEST_P(DegenerateShapes, HugeScoresKeepGradientsBounded) {
+  const SDPBackend backend = GetParam();
+  const Tensor q = randn({1, 2, 33, 16}, DType::kFloat32, 11);
+  const Tensor k = randn({1, 2, 47, 16}, DType::kFloat32, 12);
+  const Tensor v = randn({1, 2, 47, 16}, DType::kFloat32, 13);
+  const Tensor go = randn({1, 2, 33, 16}, DType::kFloat32, 14);
+  for (const double scale : {1e4, 1e6, 1e7}) {
+    SDPAOptions o;
+    o.scale = scale;
+    const FwdBwd r = run_fwd_bwd(backend, q, k, v, go, o);
+    const FwdBwd golden = run_fwd_bwd(SDPBackend::MATH, f64(q), f64(k), f64(v), f64(go), o);
+    // FLASH recomputes P = exp(s - lse) from the float32 lse, whose rounding (ulp 0.004
+    // at 4e4, 2 at 3e7) becomes P's relative error; MATH recomputes the softmax itself.
+    const double lse_ulp = max_abs(r.fwd.lse) * 0x1p-23;
+    const double p_error = backend == SDPBackend::MATH ? 0.0 : 2.0 * lse_ulp;
+    EXPECT_LE(scaled_error(r.grads.grad_v, golden.grads.grad_v),
+              kFudge * std::max(default_tolerance(DType::kFloat32), p_error))
+        << "scale " << scale;
+    // Whatever the rounding, P <= 1 bounds |grad_v[h, j, e]| by sum_i |grad_out[h, i, e]|.
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t e = 0; e < 16; ++e) {
+        double column = 0.0, worst = 0.0;
+        for (int64_t i = 0; i < 33; ++i) column += std::abs(go.item({0, h, i, e}));
+        for (int64_t j = 0; j < 47; ++j) {
+          worst = std::max(worst, std::abs(r.grads.grad_v.item({0, h, j, e})));
+        }
+        EXPECT_LE(worst, column) << "scale " << scale << " head " << h << " e " << e;
+      }
+    }
+    const double bound = 16.0 * scale * 0x1p-24 * max_abs(k) * max_abs(v) * max_abs(go) * 16.0;
+    EXPECT_LE(max_abs(r.grads.grad_q), bound) << "scale " << scale;
+    EXPECT_LE(max_abs(r.grads.grad_k), bound) << "scale " << scale;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DegenerateShapes,
                          ::testing::Values(SDPBackend::MATH, SDPBackend::FLASH_ATTENTION),
                          [](const ::testing::TestParamInfo<SDPBackend>& info) {
