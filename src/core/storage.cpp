@@ -5,6 +5,7 @@
 
 #include "core/allocation_faults.h"
 #include "core/block_cache.h"
+#include "core/memory_ceiling.h"
 #include "sdpa/error.h"
 #include "sdpa/tensor.h"
 
@@ -39,10 +40,11 @@ void fail_allocation_after(int64_t allocations) {
 }  // namespace detail
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes) {
-  // No machine has half the address space; the bound keeps the rounding below (and the
+  // The ceiling (at most half the address space) also keeps the rounding below (and the
   // block cache's) from wrapping to a tiny block.
-  SDPA_CHECK(nbytes <= std::numeric_limits<size_t>::max() / 2, "out of memory: could not "
-             "allocate ", nbytes, " bytes");
+  const detail::MemoryCeiling& ceiling = detail::memory_ceiling();
+  SDPA_CHECK(nbytes <= ceiling.bytes, "out of memory: could not allocate ", nbytes,
+             " bytes, more than the ", ceiling.bytes, " bytes of ", ceiling.source);
   // Blocks are whole multiples of the alignment.
   const size_t padded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
   SDPA_CHECK(!injected_fault(), "out of memory: could not allocate ", nbytes,

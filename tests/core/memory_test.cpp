@@ -1,17 +1,22 @@
 // memory_stats(): allocated storage is counted (now and peak), imported memory is not.
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "core/memory_ceiling.h"
 #include "sdpa/sdpa.h"
 #include "sdpa/tensor.h"
 
 namespace sdpa {
 namespace {
+
+using ::testing::HasSubstr;
 
 TEST(MemoryStats, AllocationsAreCountedAndReleased) {
   const MemoryStats before = memory_stats();
@@ -164,6 +169,37 @@ TEST(MemoryStats, LargeFreedBlocksAreCachedReusedAndEmptied) {
   EXPECT_EQ(memory_stats().cached_bytes, int64_t{4} << 20) << "small blocks are not cached";
   empty_cache();
   EXPECT_EQ(memory_stats().cached_bytes, 0);
+}
+
+// A request beyond the memory ceiling fails at once with the bytes and the ceiling's
+// source; without the ceiling, 2^44 bytes would be granted by overcommit and the block
+// mask / scratch filling it would reach the OOM killer.
+TEST(MemoryCeiling, LargerThanTheMachineIsAnError) {
+  const detail::MemoryCeiling& ceiling = detail::memory_ceiling();
+  EXPECT_GT(ceiling.bytes, size_t{1} << 24);
+  try {
+    (void)Tensor::empty({int64_t{1} << 42}, DType::kFloat32);
+    FAIL() << "2^44 bytes were granted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("out of memory: could not allocate 17592186044416 bytes"));
+    EXPECT_THAT(e.what(), HasSubstr(ceiling.source));
+  }
+  EXPECT_NO_THROW((void)Tensor::empty({1 << 20}, DType::kFloat32));
+}
+
+// Run by CTest with SDPA_MEMORY_LIMIT=64M (sdpa_core_memory_limit_env); skipped otherwise.
+TEST(MemoryCeiling, EnvironmentLimitIsHonoured) {
+  if (std::getenv("SDPA_MEMORY_LIMIT") == nullptr) GTEST_SKIP() << "SDPA_MEMORY_LIMIT unset";
+  EXPECT_EQ(detail::memory_ceiling().bytes, size_t{64} << 20);
+  EXPECT_EQ(detail::memory_ceiling().source, "SDPA_MEMORY_LIMIT");
+  EXPECT_NO_THROW((void)Tensor::empty({16 << 20}, DType::kFloat32));
+  try {
+    (void)Tensor::empty({(16 << 20) + 1}, DType::kFloat32);
+    FAIL() << "the limit was not applied";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("67108868 bytes, more than the 67108864 bytes of "
+                                    "SDPA_MEMORY_LIMIT"));
+  }
 }
 
 }  // namespace
