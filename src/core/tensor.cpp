@@ -55,7 +55,11 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
-    s *= std::max<int64_t>(shape[i], 1);
+    // A zero-size tensor may have dimensions whose product overflows; its strides are
+    // never used to address anything, so they saturate instead of overflowing.
+    if (__builtin_mul_overflow(s, std::max<int64_t>(shape[i], 1), &s)) {
+      s = std::numeric_limits<int64_t>::max();
+    }
   }
   return strides;
 }
@@ -129,7 +133,9 @@ int64_t Tensor::stride(int64_t d) const { return strides_[wrap_dim(d, dim(), "st
 int64_t Tensor::numel() const { return checked_numel(sizes_); }
 
 void* Tensor::data_ptr() const {
-  if (!storage_) return nullptr;
+  // An empty storage has no address: views into it (offset > 0 after a slice of an
+  // empty tensor) have none either, and offsetting null would be undefined.
+  if (!storage_ || storage_->data() == nullptr) return nullptr;
   return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(element_size(dtype_));
 }
 

@@ -104,8 +104,11 @@ class DenseMaskRows {
     if (kind_ == DenseMaskKind::kNone) return;
     const Tensor& t = mask.dense;
     dtype_ = t.dtype();
-    base_ = static_cast<const char*>(t.data_ptr()) +
-            (b * t.stride(0) + h * t.stride(1)) * static_cast<int64_t>(element_size(dtype_));
+    // An empty mask has no address to offset (apply then never reads it).
+    base_ = t.data_ptr() == nullptr
+                ? nullptr
+                : static_cast<const char*>(t.data_ptr()) +
+                      (b * t.stride(0) + h * t.stride(1)) * static_cast<int64_t>(element_size(dtype_));
     stride_row_ = t.stride(2);
     stride_col_ = t.stride(3);
   }
@@ -118,7 +121,7 @@ class DenseMaskRows {
   /// bool false -> -inf, float -> added.
   template <typename T>
   void apply(int64_t i, int64_t col, int64_t n, T* s) const {
-    if (kind_ == DenseMaskKind::kNone) return;
+    if (kind_ == DenseMaskKind::kNone || n <= 0) return;
     const int64_t first = i * stride_row_ + col * stride_col_;
     if (kind_ == DenseMaskKind::kBoolKeep) {
       const bool* m = reinterpret_cast<const bool*>(base_) + first;

@@ -91,6 +91,11 @@ TEST(TensorFactories, NegativeOrOverflowingSizesThrow) {
 TEST(TensorShapes, HelpersAndSizeAccessors) {
   EXPECT_EQ(contiguous_strides({2, 3, 4}), (Shape{12, 4, 1}));
   EXPECT_EQ(contiguous_strides({}), Shape{});
+  // Zero-size with dimensions whose product overflows (a fuzzer finding: signed overflow).
+  const Tensor empty = Tensor::empty({0, int64_t{1} << 60, 16, 2}, DType::kFloat32);
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_EQ(empty.stride(0), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(empty.stride(1), 32);
   EXPECT_EQ(checked_numel({2, 3, 4}), 24);
   EXPECT_EQ(checked_numel({}), 1);
   EXPECT_THROW(checked_numel({int64_t{1} << 32, int64_t{1} << 32}), Error);
