@@ -59,8 +59,9 @@ from ._api import (
     scaled_dot_product_attention_with_lse,
 )
 from ._kernel import sdpa_kernel
-from . import attention, backends, cuda, flex
+from . import attention, backends, cuda, flex, serving
 from .flex import BlockMask, and_masks, create_block_mask, flex_attention, noop_mask, or_masks
+from .serving import attention_with_kvcache, merge_attention_states
 
 import sys as _sys
 
@@ -93,6 +94,7 @@ __all__ = [
     "Tensor",
     "are_deterministic_algorithms_enabled",
     "attention",
+    "attention_with_kvcache",
     "backends",
     "cuda",
     "default_generator",
@@ -100,12 +102,14 @@ __all__ = [
     "get_num_threads",
     "manual_seed",
     "memory_stats",
+    "merge_attention_states",
     "reset_peak_memory",
     "empty_cache",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_backward",
     "scaled_dot_product_attention_with_lse",
     "sdpa_kernel",
+    "serving",
     "set_num_threads",
     "use_deterministic_algorithms",
 ]

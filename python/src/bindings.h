@@ -44,5 +44,6 @@ void bind_info(nb::module_& m);
 void bind_flex(nb::module_& m);
 void bind_torch(nb::module_& m);
 void bind_cuda(nb::module_& m);
+void bind_serving(nb::module_& m);
 
 }  // namespace sdpa::python

@@ -20,4 +20,5 @@ NB_MODULE(_C, m) {
   sdpa::python::bind_flex(m);
   sdpa::python::bind_torch(m);
   sdpa::python::bind_cuda(m);
+  sdpa::python::bind_serving(m);
 }

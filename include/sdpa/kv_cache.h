@@ -1,0 +1,67 @@
+#pragma once
+// Attention through a KV cache (decoding and chunked prefill), in flash-attn's
+// flash_attn_with_kvcache shape: BSHD tensors, per-sequence cache lengths, new keys and
+// values appended in place, rotary embedding applied on the way.
+
+#include <optional>
+#include <vector>
+
+#include "sdpa/sdpa.h"
+
+namespace sdpa {
+
+/// Options of attention_with_kvcache (flash-attn's keyword arguments).
+struct KvCacheOptions {
+  /// New keys / values [B, L_new, Hkv, E] / [B, L_new, Hkv, Ev] of the cache's dtype, both
+  /// or neither: appended to the cache at each sequence's cache_seqlens before attending.
+  Tensor k_new, v_new;
+  /// Rotary embedding tables [max_positions, rotary_dim / 2] (float32 or the query dtype),
+  /// both or neither; rotary_dim (even, <= E) leading features of q and k_new rotate.
+  Tensor rotary_cos, rotary_sin;
+  /// GPT-J's pairs (x[2d], x[2d+1]) when true; GPT-NeoX's halves (x[d], x[d + R/2]) else.
+  bool rotary_interleaved = false;
+  /// Bottom-right causal: query i of sequence b sees keys j <= n_b - L + i, where
+  /// n_b = cache_seqlens[b] + L_new is the sequence's length after the append.
+  bool causal = false;
+  /// flash-attn's window_size: query i sees keys in [i + n_b - L - left, i + n_b - L +
+  /// right]; -1 = unbounded on that side. (-1, -1): no window.
+  int64_t window_left = -1, window_right = -1;
+  /// ALiBi slopes, one per query head, aligned bottom-right as the window; empty: none.
+  std::vector<float> alibi_slopes;
+  /// Soft-capping of the scaled scores, cap * tanh(s / cap) (Gemma 2); 0: none.
+  double softcap = 0.0;
+  /// Score scale; default 1/sqrt(E).
+  std::optional<double> scale;
+};
+
+/// Attention of q against a KV cache (flash-attn's flash_attn_with_kvcache).
+///   q [B, L, Hq, E]; k_cache [B, S_max, Hkv, E], v_cache [B, S_max, Hkv, Ev] of q's dtype
+///   (float32, bfloat16 or float16; any strides); cache_seqlens int32 [B]: the valid
+///   length of each sequence's cache. Hq % Hkv == 0 (GQA).
+/// In order: rotates q and options.k_new by the rotary tables (k_new at positions
+/// cache_seqlens[b] + i; q likewise when causal or windowed, else all at cache_seqlens[b],
+/// flash-attn's convention); writes k_new / v_new into the caches at rows
+/// [cache_seqlens[b], cache_seqlens[b] + L_new) (the caches are modified in place;
+/// cache_seqlens is not); then attends over each sequence's first n_b = cache_seqlens[b] +
+/// L_new keys with the options' mask, ALiBi and soft-cap, through the usual backend
+/// selection (the CPU's split-KV decode path for few query rows).
+/// Returns out [B, L, Hq, Ev] (contiguous, q's dtype) and lse [B, Hq, L] float32; a query
+/// row that sees no key gives out 0 and lse -inf.
+/// Throws sdpa::Error naming the argument for any shape, dtype, device or value that does
+/// not fit (a length past the cache's capacity, a rotary table too short, non-int32
+/// cache_seqlens, ALiBi together with soft-capping); every check runs before the caches
+/// are written, so a refused call leaves them untouched.
+AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
+                                       const Tensor& v_cache, const Tensor& cache_seqlens,
+                                       const KvCacheOptions& options = {});
+
+/// Applies rotary position embedding (RoPE; Su et al., "RoFormer", 2021) to x [B, L, H, E]
+/// in place: row (b, i) at position positions[b] + i (position_step 1) or positions[b]
+/// (position_step 0), rotating its first 2 * cos.size(1) features; cos/sin as in
+/// KvCacheOptions. Throws sdpa::Error for shapes that do not fit or positions outside the
+/// tables (before writing anything).
+void apply_rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                            const std::vector<int64_t>& positions, int64_t position_step,
+                            bool interleaved);
+
+}  // namespace sdpa

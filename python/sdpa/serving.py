@@ -1,0 +1,69 @@
+"""Serving entry points: attention through a KV cache and the merge of partial results.
+
+``attention_with_kvcache`` has flash-attn's ``flash_attn_with_kvcache`` arguments and
+semantics (BSHD layout, per-sequence ``cache_seqlens``, new keys appended in place, rotary
+embedding, bottom-right causal and window masks); ``merge_attention_states`` combines
+attention results over disjoint key sets by their logsumexp (split-KV, cascade attention,
+shared prefixes). Arrays come from any framework with ``__dlpack__`` (numpy, torch, jax)
+and results go back to the query's framework. CPU arrays.
+"""
+
+from typing import Any, Optional, Sequence
+
+from . import _C, _convert
+
+__all__ = ["attention_with_kvcache", "merge_attention_states"]
+
+
+def _seqlens(cache_seqlens: Any, batch: int) -> Any:
+    """An int becomes an int32 array of `batch` copies (flash-attn accepts both)."""
+    if isinstance(cache_seqlens, int):
+        import numpy
+
+        return numpy.full((batch,), cache_seqlens, dtype=numpy.int32)
+    return cache_seqlens
+
+
+def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cache_seqlens: Any,
+                           k_new: Any = None, v_new: Any = None, rotary_cos: Any = None,
+                           rotary_sin: Any = None, rotary_interleaved: bool = False,
+                           causal: bool = False, window_size: tuple = (-1, -1),
+                           alibi_slopes: Optional[Sequence[float]] = None,
+                           softcap: float = 0.0, scale: Optional[float] = None,
+                           return_lse: bool = False) -> Any:
+    """Attention of ``q`` against a KV cache, appending ``k_new``/``v_new`` in place first.
+
+    q [B, L, Hq, E]; k_cache [B, S_max, Hkv, E] and v_cache [B, S_max, Hkv, Ev] of q's
+    dtype (float32, bfloat16, float16; Hq % Hkv == 0); cache_seqlens: int32 [B] (or an
+    int), each sequence's valid cache length. k_new/v_new [B, L_new, Hkv, E/Ev] are
+    written at rows [cache_seqlens[b], cache_seqlens[b] + L_new) of the caches, which are
+    modified in place (cache_seqlens is not: advance it yourself). rotary_cos/rotary_sin
+    [max_positions, rotary_dim / 2] rotate k_new at cache_seqlens[b] + i and q likewise
+    when causal or windowed (else q at cache_seqlens[b]); rotary_interleaved selects
+    GPT-J's pairs over GPT-NeoX's halves. causal / window_size=(left, right) (-1:
+    unbounded) are aligned bottom-right to each sequence's length after the append;
+    alibi_slopes [Hq]; softcap: cap * tanh(score / cap) when > 0 (not with alibi_slopes).
+    Returns out [B, L, Hq, Ev], and lse float32 [B, Hq, L] with ``return_lse``. Raises
+    sdpa.Error naming the argument for bad input, before anything is written.
+    """
+    batch = getattr(q, "shape", (0,))[0]
+    left, right = window_size
+    out, lse, _ = _C.attention_with_kvcache(
+        q, k_cache, v_cache, _seqlens(cache_seqlens, batch), k_new, v_new, rotary_cos,
+        rotary_sin, bool(rotary_interleaved), bool(causal), int(left), int(right),
+        [] if alibi_slopes is None else [float(s) for s in alibi_slopes],
+        _convert.number(softcap, "softcap"), None if scale is None else _convert.number(scale, "scale"))
+    out = _convert.like(out, q)
+    return (out, _convert.like(lse, q)) if return_lse else out
+
+
+def merge_attention_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple:
+    """Merges attention over two disjoint key sets A and B of the same queries into the
+    result over A and B together (FlashInfer's merge_state, with sdpa's layout and natural
+    logarithm): lse = log(exp(lse_a) + exp(lse_b)) and out = exp(lse_a - lse) * out_a +
+    exp(lse_b - lse) * out_b, the larger lse factored out. out_a/out_b [..., L, Ev] of one
+    float dtype, lse_a/lse_b float32 [..., L] (what scaled_dot_product_attention_with_lse
+    returns). Rows with lse -inf on both sides give out 0 and lse -inf. Returns (out, lse).
+    """
+    out, lse = _C.merge_attention_states(out_a, lse_a, out_b, lse_b)
+    return _convert.like(out, out_a), _convert.like(lse, out_a)

@@ -1,0 +1,79 @@
+"""sdpa.attention_with_kvcache and sdpa.merge_attention_states on numpy arrays, against
+the float64 reference of attention_reference.py over each sequence's exact keys: ragged
+lengths, GQA, in-place appends, causal bottom-right, windows, the error path leaving the
+caches untouched, and the merge against attention over all keys at once."""
+
+import numpy as np
+import pytest
+
+import sdpa
+from attention_reference import causal_keep, forward, tolerance
+
+
+def _bhsd(x):
+    return np.ascontiguousarray(x.transpose(1, 0, 2))  # [L, H, E] -> [H, L, E]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ragged_append_matches_reference(rng, causal):
+    B, S_max, Hq, Hkv, E, Ev, L = 3, 80, 4, 2, 20, 12, 3
+    lengths = [0, 17, 77]
+    q = rng.standard_normal((B, L, Hq, E)).astype(np.float32)
+    k_cache = rng.standard_normal((B, S_max, Hkv, E)).astype(np.float32)
+    v_cache = rng.standard_normal((B, S_max, Hkv, Ev)).astype(np.float32)
+    k_new = rng.standard_normal((B, L, Hkv, E)).astype(np.float32)
+    v_new = rng.standard_normal((B, L, Hkv, Ev)).astype(np.float32)
+    k_before = k_cache.copy()
+    out, lse = sdpa.attention_with_kvcache(
+        q, k_cache, v_cache, np.array(lengths, np.int32), k_new, v_new, causal=causal,
+        return_lse=True)
+    assert out.shape == (B, L, Hq, Ev) and lse.shape == (B, Hq, L)
+    for b, n in enumerate(lengths):
+        np.testing.assert_array_equal(k_cache[b, n:n + L], k_new[b])  # appended in place
+        np.testing.assert_array_equal(k_cache[b, :n], k_before[b, :n])
+        keys, values = k_cache[b, :n + L], v_cache[b, :n + L]
+        mask = causal_keep(L, n + L, lower_right=True) if causal else None
+        want, want_lse, _ = forward(_bhsd(q[b])[None], _bhsd(keys)[None], _bhsd(values)[None],
+                                    mask=mask, enable_gqa=True)
+        np.testing.assert_allclose(out[b].transpose(1, 0, 2), want[0], **tolerance(np.float32))
+        np.testing.assert_allclose(lse[b], want_lse[0], atol=1e-4)
+
+
+def test_decode_window_and_int_seqlens(rng):
+    B, S_max, H, E = 2, 300, 2, 16
+    q = rng.standard_normal((B, 1, H, E)).astype(np.float32)
+    k_cache = rng.standard_normal((B, S_max, H, E)).astype(np.float32)
+    v_cache = rng.standard_normal((B, S_max, H, E)).astype(np.float32)
+    out = sdpa.attention_with_kvcache(q, k_cache, v_cache, 257, window_size=(31, 0))
+    for b in range(B):
+        keys, values = k_cache[b, 257 - 32:257], v_cache[b, 257 - 32:257]
+        want, _, _ = forward(_bhsd(q[b])[None], _bhsd(keys)[None], _bhsd(values)[None])
+        np.testing.assert_allclose(out[b].transpose(1, 0, 2), want[0], **tolerance(np.float32))
+
+
+def test_bad_input_writes_nothing(rng):
+    q = rng.standard_normal((2, 1, 2, 8)).astype(np.float32)
+    k_cache = rng.standard_normal((2, 16, 2, 8)).astype(np.float32)
+    v_cache = rng.standard_normal((2, 16, 2, 8)).astype(np.float32)
+    k_new = rng.standard_normal((2, 3, 2, 8)).astype(np.float32)
+    before = (k_cache.copy(), v_cache.copy())
+    with pytest.raises(sdpa.Error, match="exceeds the cache's capacity of 16"):
+        sdpa.attention_with_kvcache(q, k_cache, v_cache, np.array([1, 14], np.int32),
+                                    k_new, k_new)
+    with pytest.raises(sdpa.Error, match="expected an int32 tensor"):
+        sdpa.attention_with_kvcache(q, k_cache, v_cache, np.array([1, 2], np.int64),
+                                    k_new, k_new)
+    np.testing.assert_array_equal(k_cache, before[0])
+    np.testing.assert_array_equal(v_cache, before[1])
+
+
+def test_merge_matches_attention_over_all_keys(rng):
+    q = rng.standard_normal((2, 3, 5, 16)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 70, 16)).astype(np.float32)
+    v = rng.standard_normal((2, 3, 70, 9)).astype(np.float32)
+    a = sdpa.scaled_dot_product_attention_with_lse(q, k[:, :, :41], v[:, :, :41])
+    b = sdpa.scaled_dot_product_attention_with_lse(q, k[:, :, 41:], v[:, :, 41:])
+    out, lse = sdpa.merge_attention_states(a.out, a.lse, b.out, b.lse)
+    want, want_lse, _ = forward(q, k, v)
+    np.testing.assert_allclose(out, want, **tolerance(np.float32))
+    np.testing.assert_allclose(lse, want_lse, atol=1e-5)

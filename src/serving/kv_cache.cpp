@@ -1,0 +1,185 @@
+// attention_with_kvcache: validate everything, rotate, append in place, then one
+// attention call per sequence over its exact cache length (views into the cache, no
+// copies), so masks and ALiBi align to each sequence's own last key.
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "sdpa/attn_bias.h"
+#include "sdpa/error.h"
+#include "sdpa/flex_attention.h"
+#include "sdpa/flex_mods.h"
+#include "sdpa/kv_cache.h"
+
+namespace sdpa {
+namespace {
+
+void check_4d(const Tensor& t, const char* name, const char* layout) {
+  SDPA_CHECK(t.defined(), name, ": expected a tensor ", layout, ", got none");
+  SDPA_CHECK(t.dim() == 4, name, ": expected a 4-D tensor ", layout, ", got ",
+             shape_str(t.sizes()));
+  SDPA_CHECK(t.device() == Device{}, name, ": attention_with_kvcache takes CPU tensors, got ",
+             device_name(t.device()));
+}
+
+void check_size(const Tensor& t, const char* name, int64_t dim, int64_t expected,
+                const char* what) {
+  SDPA_CHECK(t.size(dim) == expected, name, ": expected ", what, " = ", expected,
+             " (dimension ", dim, "), got ", t.size(dim), " in ", shape_str(t.sizes()));
+}
+
+// The valid cache lengths, checked against the capacity left for `new_len` keys.
+std::vector<int64_t> read_seqlens(const Tensor& cache_seqlens, int64_t batch, int64_t capacity,
+                                  int64_t new_len) {
+  SDPA_CHECK(cache_seqlens.defined() && cache_seqlens.dtype() == DType::kInt32,
+             "cache_seqlens: expected an int32 tensor [B], got ",
+             cache_seqlens.defined() ? std::string(dtype_name(cache_seqlens.dtype())) : "none");
+  SDPA_CHECK(cache_seqlens.dim() == 1 && cache_seqlens.size(0) == batch,
+             "cache_seqlens: expected shape [", batch, "], got ", shape_str(cache_seqlens.sizes()));
+  SDPA_CHECK(cache_seqlens.device() == Device{}, "cache_seqlens: expected a CPU tensor, got ",
+             device_name(cache_seqlens.device()));
+  std::vector<int64_t> lengths(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t n = static_cast<int64_t>(cache_seqlens.item({b}));
+    SDPA_CHECK(n >= 0, "cache_seqlens[", b, "] = ", n, " is negative");
+    SDPA_CHECK(n <= capacity - new_len, "cache_seqlens[", b, "] = ", n, " with ", new_len,
+               " new keys exceeds the cache's capacity of ", capacity, " positions");
+    lengths[static_cast<size_t>(b)] = n;
+  }
+  return lengths;
+}
+
+// The per-sequence mask and ALiBi of the options for a sequence of n keys.
+AttnMask sequence_bias(const KvCacheOptions& o, int64_t q_len, int64_t n) {
+  std::vector<AttnBiasPtr> parts;
+  const int64_t right = o.causal ? 0 : o.window_right;
+  if (o.window_left < 0 && right == 0) {
+    parts.push_back(causal_lower_right(q_len, n));
+  } else if (o.window_left >= 0 || right >= 0) {
+    parts.push_back(std::make_shared<LocalAttentionBias>(
+        o.window_left < 0 ? std::nullopt : std::optional<int64_t>(o.window_left),
+        right < 0 ? std::nullopt : std::optional<int64_t>(right), DiagonalAlignment::kBottomRight));
+  }
+  if (!o.alibi_slopes.empty()) {
+    parts.push_back(std::make_shared<AlibiBias>(o.alibi_slopes, DiagonalAlignment::kBottomRight));
+  }
+  if (parts.empty()) return {};
+  if (parts.size() == 1) return parts.front();
+  return std::make_shared<ComposedBias>(std::move(parts));
+}
+
+// [L, H, E] rows of sequence b of a BSHD tensor as a [1, H, L, E] view.
+Tensor heads_first(const Tensor& bshd, int64_t b, int64_t rows) {
+  return bshd.select(0, b).slice(0, 0, rows).transpose(0, 1).unsqueeze(0);
+}
+
+}  // namespace
+
+AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
+                                       const Tensor& v_cache, const Tensor& cache_seqlens,
+                                       const KvCacheOptions& o) {
+  check_4d(q, "q", "[B, L, Hq, E]");
+  check_4d(k_cache, "k_cache", "[B, S_max, Hkv, E]");
+  check_4d(v_cache, "v_cache", "[B, S_max, Hkv, Ev]");
+  const int64_t B = q.size(0), L = q.size(1), Hq = q.size(2), E = q.size(3);
+  const int64_t S_max = k_cache.size(1), Hkv = k_cache.size(2), Ev = v_cache.size(3);
+  SDPA_CHECK(q.dtype() == DType::kFloat32 || q.dtype() == DType::kBFloat16 ||
+                 q.dtype() == DType::kFloat16,
+             "q: expected float32, bfloat16 or float16, got ", dtype_name(q.dtype()));
+  for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, std::pair{&v_cache, "v_cache"}}) {
+    SDPA_CHECK(t->dtype() == q.dtype(), name, ": expected q's dtype ", dtype_name(q.dtype()),
+               ", got ", dtype_name(t->dtype()));
+    check_size(*t, name, 0, B, "the batch size B of q");
+    check_size(*t, name, 1, S_max, "the capacity S_max of k_cache");
+    check_size(*t, name, 2, Hkv, "the kv head count Hkv of k_cache");
+  }
+  check_size(k_cache, "k_cache", 3, E, "the head dimension E of q");
+  SDPA_CHECK(Hkv > 0 && Hq % Hkv == 0, "q: the query head count ", Hq,
+             " must be a multiple of the cache's kv head count ", Hkv, " (GQA)");
+  SDPA_CHECK(o.k_new.defined() == o.v_new.defined(),
+             "k_new / v_new: expected both or neither, got only ",
+             o.k_new.defined() ? "k_new" : "v_new");
+  int64_t new_len = 0;
+  if (o.k_new.defined()) {
+    check_4d(o.k_new, "k_new", "[B, L_new, Hkv, E]");
+    check_4d(o.v_new, "v_new", "[B, L_new, Hkv, Ev]");
+    new_len = o.k_new.size(1);
+    const std::pair<const Tensor*, const char*> news[] = {{&o.k_new, "k_new"},
+                                                          {&o.v_new, "v_new"}};
+    for (const auto& [t, name] : news) {
+      SDPA_CHECK(t->dtype() == q.dtype(), name, ": expected q's dtype ", dtype_name(q.dtype()),
+                 ", got ", dtype_name(t->dtype()));
+      check_size(*t, name, 0, B, "the batch size B of q");
+      check_size(*t, name, 1, new_len, "L_new of k_new");
+      check_size(*t, name, 2, Hkv, "the cache's kv head count Hkv");
+    }
+    check_size(o.k_new, "k_new", 3, E, "the head dimension E");
+    check_size(o.v_new, "v_new", 3, Ev, "the value head dimension Ev of v_cache");
+  }
+  const std::vector<int64_t> cached = read_seqlens(cache_seqlens, B, S_max, new_len);
+  SDPA_CHECK(o.window_left >= -1 && o.window_right >= -1,
+             "window_size: expected bounds >= -1 (-1: unbounded), got (", o.window_left, ", ",
+             o.window_right, ")");
+  SDPA_CHECK(std::isfinite(o.softcap) && o.softcap >= 0.0,
+             "softcap: expected a finite value >= 0 (0: none), got ", o.softcap);
+  SDPA_CHECK(o.alibi_slopes.empty() || static_cast<int64_t>(o.alibi_slopes.size()) == Hq,
+             "alibi_slopes: expected one slope per query head (", Hq, "), got ",
+             o.alibi_slopes.size());
+  SDPA_CHECK(o.alibi_slopes.empty() || o.softcap == 0.0,
+             "alibi_slopes with softcap: soft-capping applies to the scores before the ALiBi "
+             "bias, which sdpa's kernels do not order that way; pass one of the two");
+  SDPA_CHECK(o.rotary_cos.defined() == o.rotary_sin.defined(),
+             "rotary_cos / rotary_sin: expected both or neither");
+
+  // Rotated copies first: nothing the caller owns changes until every check has passed.
+  Tensor q_run = q, k_append = o.k_new;
+  if (o.rotary_cos.defined()) {
+    const bool q_at_own_positions = o.causal || o.window_left >= 0 || o.window_right >= 0;
+    q_run = q.clone();
+    apply_rotary_embedding(q_run, o.rotary_cos, o.rotary_sin, cached, q_at_own_positions ? 1 : 0,
+                           o.rotary_interleaved);
+    if (o.k_new.defined()) {
+      k_append = o.k_new.clone();
+      apply_rotary_embedding(k_append, o.rotary_cos, o.rotary_sin, cached, 1,
+                             o.rotary_interleaved);
+    }
+  }
+  std::optional<flex::Program> softcap;
+  if (o.softcap > 0.0) softcap = flex::Program::from_score_mod(flex::mods::soft_cap(o.softcap));
+  std::vector<SDPAOptions> calls(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    SDPAOptions& call = calls[static_cast<size_t>(b)];
+    const int64_t n = cached[static_cast<size_t>(b)] + new_len;
+    call.scale = o.scale;
+    call.enable_gqa = Hq != Hkv;
+    call.attn_mask = sequence_bias(o, L, n);
+    // Validates the call (scale, mask sizes) before the append.
+    (void)make_params(heads_first(q_run, b, L), heads_first(k_cache, b, n),
+                      heads_first(v_cache, b, n), call);
+  }
+
+  for (int64_t b = 0; b < B && new_len > 0; ++b) {
+    const int64_t at = cached[static_cast<size_t>(b)];
+    k_cache.select(0, b).slice(0, at, at + new_len).copy_(k_append.select(0, b));
+    v_cache.select(0, b).slice(0, at, at + new_len).copy_(o.v_new.select(0, b));
+  }
+
+  AttentionResult result;
+  result.out = Tensor::empty({B, L, Hq, Ev}, q.dtype());
+  result.lse = Tensor::empty({B, Hq, L}, DType::kFloat32);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = cached[static_cast<size_t>(b)] + new_len;
+    const Tensor qb = heads_first(q_run, b, L), kb = heads_first(k_cache, b, n),
+                 vb = heads_first(v_cache, b, n);
+    const SDPAOptions& call = calls[static_cast<size_t>(b)];
+    const AttentionResult r = softcap ? flex_attention(qb, kb, vb, softcap, nullptr, call)
+                                      : scaled_dot_product_attention_with_lse(qb, kb, vb, call);
+    result.out.select(0, b).copy_(r.out.select(0, 0).transpose(0, 1));
+    result.lse.select(0, b).copy_(r.lse.select(0, 0));
+    result.backend = r.backend;
+  }
+  return result;
+}
+
+}  // namespace sdpa
