@@ -123,10 +123,24 @@ HWY_INLINE void LoadBlock(D d, const KvElement<kRows>* HWY_RESTRICT src, hn::Vec
     first = hn::BitCast(d, hn::ShiftLeft<16>(bits));
     second = hn::BitCast(d, hn::And(bits, hn::Set(du, 0xFFFF0000u)));
   } else if constexpr (kRows == KvRows::kFloat16) {
+#if HWY_TARGET > HWY_AVX2
+    // Below AVX2 Highway 1.0.3 emulates the promotion and turns inf and NaN into finite
+    // values (a NaN key then no longer reaches the output): sdpa::float16's conversion.
+    HWY_ALIGN float widened[2 * HWY_MAX_BYTES / sizeof(float)];
+    const int64_t n = 2 * static_cast<int64_t>(hn::Lanes(d));
+    for (int64_t i = 0; i < n; ++i) {
+      float16 h;
+      h.bits = src[i];
+      widened[i] = static_cast<float>(h);
+    }
+    first = hn::Load(d, widened);
+    second = hn::Load(d, widened + hn::Lanes(d));
+#else
     const hn::Rebind<hwy::float16_t, D> d16;
     const auto* half = reinterpret_cast<const hwy::float16_t*>(src);
     first = hn::PromoteTo(d, hn::LoadU(d16, half));
     second = hn::PromoteTo(d, hn::LoadU(d16, half + hn::Lanes(d)));
+#endif
   } else {
     first = hn::LoadU(d, src);
     second = hn::LoadU(d, src + hn::Lanes(d));

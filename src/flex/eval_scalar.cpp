@@ -22,6 +22,13 @@ void throw_out_of_range(const Captured& c, int64_t dim, int64_t index, const Mod
                       ", kv_idx=", at.kv_idx);
 }
 
+// Truncation to int64 as x86's cvttsd2si (what FLASH's row evaluator computes): NaN and
+// values outside int64's range give INT64_MIN instead of undefined behaviour.
+int64_t double_to_int64(double x) {
+  if (!(x >= -0x1p63 && x < 0x1p63)) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(x);
+}
+
 int64_t floor_div_int(int64_t a, int64_t b) {
   SDPA_CHECK(b != 0, "flex: integer division by zero");
   // INT64_MIN / -1 traps (SIGFPE) on x86; it wraps to INT64_MIN, as in numpy and torch.
@@ -33,12 +40,14 @@ int64_t floor_div_int(int64_t a, int64_t b) {
 
 int64_t floor_mod_int(int64_t a, int64_t b) {
   if (b == -1) return 0;  // without the quotient's wrap (floor_div_int) in the product
-  return a - floor_div_int(a, b) * b;
+  // a - q * b lies in (-|b|, |b|) but q * b may not fit: wrapping arithmetic gives it.
+  const uint64_t product = static_cast<uint64_t>(floor_div_int(a, b)) * static_cast<uint64_t>(b);
+  return static_cast<int64_t>(static_cast<uint64_t>(a) - product);
 }
 
 double ScalarEvaluator::step(const Instr& in, double score, const ModIndex& at) const {
   auto arg = [&](int k) { return values_[in.args[k]]; };
-  auto as_int = [&](int k) { return static_cast<int64_t>(values_[in.args[k]]); };
+  auto as_int = [&](int k) { return double_to_int64(values_[in.args[k]]); };
   switch (in.op) {
     case Op::kScore: return score;
     case Op::kBatch: return static_cast<double>(at.b);

@@ -124,7 +124,9 @@ Tensor cpu_materialize_bias(const AttentionParams& p) {
 SDPBackend cpu_backend_for(const AttentionParams& params, SDPBackend chosen) {
   if (chosen == SDPBackend::MATH || chosen == SDPBackend::FLASH_ATTENTION) return chosen;
   std::vector<SDPBackend> cpu;
-  for (SDPBackend b : detail::active_backend_list().span()) {
+  // Named: a range-for over the temporary list's span() would read it after its end.
+  const auto active = detail::active_backend_list();
+  for (SDPBackend b : active.span()) {
     if (b == SDPBackend::MATH || b == SDPBackend::FLASH_ATTENTION) cpu.push_back(b);
   }
   if (cpu.empty()) cpu = {SDPBackend::FLASH_ATTENTION, SDPBackend::MATH};
