@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README step 2: builds and runs every test (GoogleTest via CTest, then pytest when the
-# Python package is present).
+# Python package is present, then the sanitizer build's tests and the fuzz targets).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -11,3 +11,4 @@ ctest --preset release --parallel "$(nproc)"
 if [ -f python/tests/run.sh ]; then
   bash python/tests/run.sh
 fi
+bash scripts/sanitize.sh

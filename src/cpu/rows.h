@@ -8,6 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "hwy/targets.h"
 #include "sdpa/tensor.h"
 
 namespace sdpa::cpu {
@@ -27,10 +28,11 @@ S narrow(T x) {
   }
 }
 
-/// Whether this CPU has the F16C half <-> float conversions (every AVX2 CPU does) and the
-/// OS saves the ymm registers they write (GCC's "avx" check includes that).
+/// Whether this CPU has the F16C half <-> float conversions and the OS saves the ymm
+/// registers they write: Highway's AVX2 target requires both (clang 14's
+/// __builtin_cpu_supports knows no "f16c").
 inline bool has_f16c() {
-  static const bool available = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool available = (hwy::SupportedTargets() & HWY_AVX2) != 0;
   return available;
 }
 
@@ -64,7 +66,12 @@ class RowView {
  public:
   RowView(const Tensor& t, int64_t b, int64_t h)
       : element_bytes_(static_cast<int64_t>(element_size(t.dtype()))),
-        base_(static_cast<char*>(t.data_ptr()) + (b * t.stride(0) + h * t.stride(1)) * element_bytes_),
+        // An empty tensor (E = 0 included) has no address to offset: loads and stores
+        // of its rows do nothing.
+        base_(t.data_ptr() == nullptr
+                  ? nullptr
+                  : static_cast<char*>(t.data_ptr()) +
+                        (b * t.stride(0) + h * t.stride(1)) * element_bytes_),
         dtype_(t.dtype()),
         stride_row_(t.stride(2)),
         stride_col_(t.stride(3)),
@@ -85,6 +92,7 @@ class RowView {
   /// dst[c] = row[r][c] * multiplier for c < cols().
   template <typename T>
   void load(int64_t r, T* dst, T multiplier = T(1)) const {
+    if (base_ == nullptr) return;
     if constexpr (std::is_same_v<T, float>) {
       if (f16c_) return HalfRowToFloat(half_row(r), cols_, multiplier, dst);
     }
@@ -100,6 +108,7 @@ class RowView {
   /// row[r][c] = src[c] (rounded to the tensor dtype) for c < cols().
   template <typename T>
   void store(int64_t r, const T* src) const {
+    if (base_ == nullptr) return;
     if constexpr (std::is_same_v<T, float>) {
       if (f16c_) return FloatRowToHalf(src, cols_, half_row(r));
     }

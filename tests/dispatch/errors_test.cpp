@@ -363,7 +363,7 @@ TEST(InvalidInput, ScratchNearTheAddressSpaceIsAnError) {
 
 TEST(InvalidInput, GuardWithNoBackendOrError) {
   EXPECT_THROW(sdpa_kernel(std::vector<SDPBackend>{}), Error);
-  EXPECT_THROW(sdpa_kernel(SDPBackend::ERROR), Error);
+  EXPECT_THROW(sdpa_kernel guard(SDPBackend::ERROR), Error);
   EXPECT_THROW(sdpa_kernel({SDPBackend::MATH, SDPBackend::ERROR}), Error);
 }
 

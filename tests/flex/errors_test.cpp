@@ -203,8 +203,9 @@ TEST(FlexErrors, BlockMaskOfOtherSizesRaises) {
       {"heads", sdpa::flex::create_block_mask(uses_b_and_h, B, 3, L, S, 16)},
   };
   const auto ok = sdpa::flex_attention(in.q, in.k, in.v);
-  for (const auto& [name, bm] : wrong) {
+  for (const auto& [name, wrong_mask] : wrong) {
     SCOPED_TRACE(name);
+    const BlockMask& bm = wrong_mask;  // lambdas below capture it (clang < 16: no bindings)
     for (SDPBackend backend : kBackends) {
       SCOPED_TRACE(std::string(sdpa::backend_name(backend)));
       sdpa::sdpa_kernel guard(backend);

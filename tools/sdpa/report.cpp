@@ -102,8 +102,8 @@ void write_csv(const Report& r, std::ostream& os) {
 void write_json(const Report& r, std::ostream& os) {
   nlohmann::ordered_json out;
   out["context"] = nlohmann::ordered_json::object();
-  for (const auto& [key, value] : r.context) {
-    std::visit([&](const auto& v) { out["context"][key] = v; }, value);
+  for (const ContextItem& item : r.context) {
+    std::visit([&](const auto& v) { out["context"][item.key] = v; }, item.value);
   }
   out["results"] = nlohmann::ordered_json::array();
   for (const auto& row : r.rows) {
