@@ -24,7 +24,7 @@ std::optional<size_t> parse_bytes(const std::string& text) {
   else if (suffix == "M" || suffix == "m") shift = 20;
   else if (suffix == "G" || suffix == "g") shift = 30;
   else if (suffix == "T" || suffix == "t") shift = 40;
-  else if (!suffix.empty() && suffix != "\n") return std::nullopt;
+  else if (!suffix.empty()) return std::nullopt;
   if (value > (std::numeric_limits<size_t>::max() >> shift)) return std::nullopt;
   return value << shift;
 }
