@@ -18,6 +18,7 @@
 #include <iterator>
 #include <limits>
 
+#include "flex/eval_chain-inl.h"
 #include "flex/eval_instr-inl.h"
 #include "flex/row_buffers.h"
 #include "hwy/highway.h"
@@ -114,6 +115,17 @@ HWY_INLINE bool RowHasBad(const RowBuffers& buf, int64_t row, int64_t lo, int64_
                       " evaluates without error in the reference");
 }
 
+/// Throws (ReportBadRow) for a failed chunk element that lanes [lo[r], hi[r]) of score
+/// rows row .. row + rows - 1 consume (scores + r * stride: their scores).
+HWY_INLINE void CheckScoreRows(RowBuffers& buf, int64_t row, int64_t rows, const float* scores,
+                               int64_t stride, const int64_t* lo, const int64_t* hi) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (RowHasBad(buf, row + r, lo[r], hi[r])) {
+      ReportBadRow(buf, scores + r * stride, row + r, lo[r], hi[r]);
+    }
+  }
+}
+
 /// Runs the score-reading instructions for chunk rows row .. row + rows - 1 over lanes
 /// [lo[r], hi[r]) of scores + r * score_stride (tile rows), after PrepareChunk; their
 /// values are stored from row 0 of the score-shaped buffers. Throws for a consumed failed
@@ -123,11 +135,7 @@ inline HWY_NOINLINE void EvaluateScoreRows(RowBuffers& buf, int64_t row, int64_t
   const float* scores = lanes.s;
   const int64_t score_stride = lanes.stride;
   const int64_t *lo = lanes.lo, *hi = lanes.hi;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (RowHasBad(buf, row + r, lo[r], hi[r])) {
-      ReportBadRow(buf, scores + r * score_stride, row + r, lo[r], hi[r]);
-    }
-  }
+  CheckScoreRows(buf, row, rows, scores, score_stride, lo, hi);
   const Pass pass{Shape::kScore, rows, 0, 0, buf.lanes, row, scores, score_stride, lo, hi};
   for (int32_t k : buf.score_code) EvalInstr(buf, k, pass);
 }
@@ -149,11 +157,7 @@ inline HWY_NOINLINE void ScoreModInPlace(RowBuffers& buf, int64_t row, int64_t r
   float* scores = lanes.s;
   const int64_t score_stride = lanes.stride;
   const int64_t *lo = lanes.lo, *hi = lanes.hi;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (RowHasBad(buf, row + r, lo[r], hi[r])) {
-      ReportBadRow(buf, scores + r * score_stride, row + r, lo[r], hi[r]);
-    }
-  }
+  CheckScoreRows(buf, row, rows, scores, score_stride, lo, hi);
   const Pass pass{Shape::kScore, rows, 0, 0, buf.lanes, row, scores, score_stride, lo, hi};
   const size_t last = buf.score_code.size() - 1;
   for (size_t i = 0; i < last; ++i) EvalInstr(buf, buf.score_code[i], pass);
@@ -205,11 +209,7 @@ HWY_INLINE void ApplyScoreModRows(RowBuffers& buf, const EvalSite& site,
     const int64_t* u = chunk.hi;
     const Pass pass{Shape::kScore, n, 0, 0, buf.lanes, row, sc, s_stride, l, u};
     if (buf.bias >= 0) {  // score +/- X: no score instruction runs
-      for (int64_t r = 0; r < n; ++r) {
-        if (RowHasBad(buf, row + r, l[r], u[r])) {
-          ReportBadRow(buf, sc + r * s_stride, row + r, l[r], u[r]);
-        }
-      }
+      CheckScoreRows(buf, row, n, sc, s_stride, l, u);
       const View<float> x = ViewOf<float>(buf, buf.bias, pass);
       const float sign = buf.bias_subtracted ? -1.0f : 1.0f;
       for (int64_t r = 0; r < n; ++r) {
@@ -219,6 +219,9 @@ HWY_INLINE void ApplyScoreModRows(RowBuffers& buf, const EvalSite& site,
           return hn::MulAdd(hn::Set(d, sign), Lanes(d, xr, j), hn::LoadU(d, sr + j));
         });
       }
+    } else if (!buf.score_chain.empty()) {  // the chain on each vector in registers
+      CheckScoreRows(buf, row, n, sc, s_stride, l, u);
+      ScoreChainInPlace(buf, row, n, sc, s_stride, l, u);
     } else if (ResultInPlace(buf)) {  // saves a copy pass over the tile
       ScoreModInPlace(buf, row, n, chunk);
     } else {

@@ -43,6 +43,8 @@ struct RowBuffers {
   static constexpr int64_t kPad = 16;
   /// Most keys per tile row (bounds the evaluator's stack buffers).
   static constexpr int64_t kMaxLanes = 128;
+  /// Longest score chain (find_score_chain; bounds eval_chain-inl.h's stack buffers).
+  static constexpr size_t kMaxChainSteps = 16;
 
   /// `lanes`: keys per tile row (a multiple of 16).
   RowBuffers(const CompiledProgram& program, const std::vector<Captured>& captured, int64_t lanes)
@@ -124,6 +126,7 @@ struct RowBuffers {
         bias = x;
       }
     }
+    find_score_chain();
     // (Highway refuses empty allocations: programs may have no float or no int values.)
     f = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(f_size, 1)));
     i = hwy::AllocateAligned<int64_t>(static_cast<size_t>(std::max<int64_t>(i_size, 1)));
@@ -136,6 +139,71 @@ struct RowBuffers {
     bad_full.assign(static_cast<size_t>(kChunkRows * lanes), 0);
     bad_col.assign(static_cast<size_t>(diagonals()), 0);
     bad_diag.assign(static_cast<size_t>(diagonals()), 0);
+  }
+
+  /// One step of a score chain: value = op(value) or op(value, operand) (operand_first:
+  /// op(operand, value)), `instr` the instruction it evaluates.
+  struct ChainStep {
+    Op op;
+    int32_t instr;
+    int32_t operand = -1;  // -1: a unary op
+    bool operand_first = false;
+  };
+
+  /// Fills score_chain when the score-reading part of the program is a chain of float
+  /// element-wise operations, each reading the previous one's value (the first: score) and
+  /// at most one operand independent of score, the last being the result (soft-capping:
+  /// score / cap, tanh, times cap). eval_chain-inl.h then runs the chain over each vector of
+  /// scores in registers instead of one pass over the rows per instruction.
+  void find_score_chain() {
+    const CompiledProgram& prog = *program;
+    if (prog.outputs.size() > 1 || score_code.size() < 2 ||
+        score_code.size() > kMaxChainSteps + 1 ||
+        score_code.back() != prog.result || prog.code[score_code.front()].op != Op::kScore) {
+      return;
+    }
+    std::vector<ChainStep> steps;
+    int32_t previous = score_code.front();
+    for (size_t i = 1; i < score_code.size(); ++i) {
+      const int32_t k = score_code[i];
+      const Instr& in = prog.code[k];
+      if (in.type != ValueType::kFloat || !chain_op(in.op, in.args.size())) return;
+      if (std::count(in.args.begin(), in.args.end(), previous) != 1) return;
+      ChainStep step{in.op, k};
+      for (size_t a = 0; a < in.args.size(); ++a) {
+        const int32_t arg = in.args[a];
+        if (arg == previous) continue;
+        if (shape[arg] == Shape::kScore || prog.code[arg].type != ValueType::kFloat) return;
+        step.operand = arg;
+        step.operand_first = a == 0;
+      }
+      steps.push_back(step);
+      previous = k;
+    }
+    score_chain = std::move(steps);
+  }
+
+  /// Element-wise float ops a score chain may hold, with their operand counts.
+  static bool chain_op(Op op, size_t args) {
+    switch (op) {
+      case Op::kAdd:
+      case Op::kSub:
+      case Op::kMul:
+      case Op::kDiv:
+      case Op::kMin:
+      case Op::kMax:
+        return args == 2;
+      case Op::kNeg:
+      case Op::kAbs:
+      case Op::kExp:
+      case Op::kLog:
+      case Op::kTanh:
+      case Op::kSigmoid:
+      case Op::kSqrt:
+        return args == 1;
+      default:
+        return false;
+    }
   }
 
   static bool is_comparison(Op op) {
@@ -176,6 +244,7 @@ struct RowBuffers {
   // Per kDiv instruction: its last uniform divisor and 1 / divisor (NaN: none yet; a NaN
   // divisor never matches and is recomputed, giving NaN quotients as division would).
   std::vector<std::pair<float, float>> reciprocal;
+  std::vector<ChainStep> score_chain;       // the score part as a chain, else empty
   int32_t bias = -1;                       // the X of a score + X program, else -1
   bool bias_subtracted = false;            // score - X
   std::vector<int64_t> offset;             // per instruction: start of its values in f (float) or i

@@ -14,7 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "flex/row_buffers.h"
 #include "flex_test_util.h"
+#include "sdpa/flex_mods.h"
 
 namespace flex_test {
 namespace {
@@ -99,6 +101,29 @@ TEST(FlexRowEval, EveryShapeMatchesTheOracle) {
       // tanh on both sides of its polynomial / exponential split (|3 s| spans 0 to ~15).
       {"tanh", [](const Expr& s, const Expr&, const Expr&, const Expr&,
                   const Expr&) { return sdpa::flex::tanh(s * 3.0) * 2.0; }},
+      // A score chain (row_buffers.h: evaluated per vector in registers) through every
+      // element-wise op, with operands per call, per row and per key, on either side.
+      {"chain of every op",
+       [](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr& kv) {
+         using namespace sdpa::flex;
+         const Expr row = to_float(q % Expr(5)) * 0.25 + 0.5;  // in [0.5, 1.5]
+         const Expr key = to_float(kv % Expr(3)) + 1.0;        // in [1, 3]
+         Expr x = maximum(Expr(-3.0), minimum(s, Expr(3.0)));
+         x = (row - x * key) / row + 20.0;  // in [3, 41]
+         x = -log(sqrt(Expr(8.0) / x));
+         return tanh(abs(sigmoid(exp(x) - 1.0)) * 2.0) * 2.0;
+       }},
+      // A chain dividing by lanes, and one whose per-row divisor is 0 on some rows
+      // (scores of +-inf there, capped by tanh).
+      {"chain divisors",
+       [](const Expr& s, const Expr&, const Expr&, const Expr&, const Expr& kv) {
+         using namespace sdpa::flex;
+         return exp(s / (to_float(kv) + 0.5) * -0.1);
+       }},
+      {"chain zero divisor",
+       [](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr&) {
+         return sdpa::flex::tanh(s / sdpa::flex::to_float(q % Expr(3))) * 3.0;
+       }},
       // Division by a per-row divisor (a reciprocal) and by per-key lanes.
       {"divisions",
        [](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr& kv) {
@@ -113,6 +138,35 @@ TEST(FlexRowEval, EveryShapeMatchesTheOracle) {
     causal.is_causal = true;
     check_against_oracle(sm, causal, L, S);
   }
+}
+
+// Which programs take the score chain (every score-reading step element-wise on the
+// previous one's value): the chain cases above do, so EveryShapeMatchesTheOracle tests the
+// chain evaluator on them; programs reading score twice or through where do not.
+TEST(FlexRowEval, ScoreChainsAreFoundExactlyForElementwiseChains) {
+  using sdpa::flex::RowBuffers;
+  auto chain_steps = [](const ScoreMod& mod) {
+    const Program p = Program::from_score_mod(mod);
+    const RowBuffers buf(*p.compiled(), p.captured(), 64);
+    return buf.score_chain.size();
+  };
+  EXPECT_EQ(chain_steps(sdpa::flex::mods::soft_cap(20.0)), 3u);  // div, tanh, mul
+  EXPECT_EQ(chain_steps([](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr&) {
+              return Expr(1.0) - sdpa::flex::exp(s * sdpa::flex::to_float(q));
+            }),
+            3u);
+  EXPECT_EQ(chain_steps([](const Expr& s, const Expr&, const Expr&, const Expr&, const Expr&) {
+              return s * s;
+            }),
+            0u);
+  EXPECT_EQ(chain_steps([](const Expr& s, const Expr&, const Expr&, const Expr&, const Expr&) {
+              return sdpa::flex::where(s > 0.0, s, s * 0.5);
+            }),
+            0u);
+  EXPECT_EQ(chain_steps([](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr&) {
+              return s / sdpa::flex::to_float(q + Expr(1)) + s;
+            }),
+            0u);
 }
 
 // Chunks cover rows past q_len, keys past kv_len and keys the band masks: a read out of
