@@ -39,6 +39,10 @@ class sdpa_kernel {
   sdpa_kernel& operator=(const sdpa_kernel&) = delete;
 };
 
+/// Whether an sdpa_kernel guard is active on the calling thread (the Python torch entry
+/// points then ignore torch's own guard).
+bool sdpa_kernel_active();
+
 /// Backends the calling thread may use now, in the order they are tried: the innermost
 /// sdpa_kernel guard's list if one is active, else the enabled process-wide flags.
 std::vector<SDPBackend> active_backends();

@@ -33,6 +33,7 @@ from torch.utils import _python_dispatch
 
 from . import _C, _convert
 from ._api import AttentionOutput
+from ._kernel import sdpa_kernel
 from .attention import bias as _bias
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_with_lse"]
@@ -76,9 +77,41 @@ def _current_stream(device_index: int) -> int:
 _register_torch()
 
 
+# torch's own backend switches (torch.nn.attention.sdpa_kernel and
+# torch.backends.cuda.enable_*_sdp set them), each with the sdpa backend of its name.
+_TORCH_BACKEND_SWITCHES = tuple(
+    (name, getattr(torch._C, getter)) for name, getter in (
+        ("MATH", "_get_math_sdp_enabled"),
+        ("FLASH_ATTENTION", "_get_flash_sdp_enabled"),
+        ("EFFICIENT_ATTENTION", "_get_mem_efficient_sdp_enabled"),
+        ("CUDNN_ATTENTION", "_get_cudnn_sdp_enabled"),
+        ("OVERRIDEABLE", "_get_overrideable_sdp_enabled"),
+    ) if hasattr(torch._C, getter))
+
+
+def _torch_guard():
+    """An sdpa_kernel guard for the backends torch's own guard (or torch.backends'
+    switches) leaves enabled, mapped by name; None where torch leaves every backend on or
+    an sdpa guard is active (sdpa's own guard wins). Raises sdpa.Error where torch turns
+    every backend off (torch: "No available kernel")."""
+    allowed = [name for name, enabled in _TORCH_BACKEND_SWITCHES if enabled()]
+    if len(allowed) == len(_TORCH_BACKEND_SWITCHES) or _C.sdpa_kernel_active():
+        return None
+    if not allowed:
+        raise _C.Error("backends: torch.nn.attention.sdpa_kernel (or torch.backends) "
+                       "disables every SDPA backend; expected at least one enabled")
+    return sdpa_kernel(allowed)
+
+
 def _run(query, key, value, attn_mask, bias, dropout_p, is_causal, scale, enable_gqa,
          dropout_seed, dropout_offset):
-    """The op's work on real tensors: (out, lse, backend, (seed, offset) unsigned)."""
+    """The op's work on real tensors: (out, lse, backend, (seed, offset) unsigned), under
+    torch's guard (_torch_guard) as well as sdpa's."""
+    guard = _torch_guard()
+    if guard is not None:
+        with guard:
+            return _run(query, key, value, attn_mask, bias, dropout_p, is_causal, scale,
+                        enable_gqa, dropout_seed, dropout_offset)
     if attn_mask is None and bias:
         attn_mask = _bias.from_spec(bias)
     state = None if dropout_offset < 0 else (_unsigned(dropout_seed), dropout_offset)
@@ -336,7 +369,15 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     (differentiable in query, key, value and a float attn_mask). CUDA tensors: runs on
     ``stream`` (torch.cuda.Stream, an object with .cuda_stream or an int cudaStream_t)
     as torch ops run inside ``torch.cuda.stream(stream)``, the backward included; None:
-    torch's current stream."""
+    torch's current stream. Inside torch.nn.attention.sdpa_kernel([...]) (and with
+    torch.backends.cuda.enable_*_sdp(False)), only the backends torch leaves enabled run,
+    unless an sdpa.sdpa_kernel guard is active."""
+    guard = _torch_guard()
+    if guard is not None:
+        with guard:
+            return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                is_causal, scale, enable_gqa,
+                                                generator=generator, stream=stream)
     if stream is not None:
         with _stream_context(stream, query):
             return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
@@ -362,7 +403,14 @@ def scaled_dot_product_attention_with_lse(query: Tensor, key: Tensor, value: Ten
                                           dropout_state: Optional[tuple] = None,
                                           stream: Any = None):
     """Returns sdpa.AttentionOutput(out, lse, backend, dropout_state); ``out`` is
-    differentiable, ``lse`` is not. ``stream``: as scaled_dot_product_attention's."""
+    differentiable, ``lse`` is not. ``stream`` and torch's guard: as
+    scaled_dot_product_attention's."""
+    guard = _torch_guard()
+    if guard is not None:
+        with guard:
+            return scaled_dot_product_attention_with_lse(
+                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                generator=generator, dropout_state=dropout_state, stream=stream)
     if stream is not None:
         with _stream_context(stream, query):
             return scaled_dot_product_attention_with_lse(

@@ -68,6 +68,9 @@ void bind_backend(nb::module_& m) {
   m.def("active_backends", &active_backends,
         "Backends the calling thread may use now, in the order they are tried.");
 
+  m.def("sdpa_kernel_active", &sdpa_kernel_active,
+        "Whether an sdpa_kernel guard is active on the calling thread.");
+
   nb::class_<KernelGuard>(m, "_KernelGuard")
       .def(nb::init<std::vector<SDPBackend>, bool>(), nb::arg("backends"),
            nb::arg("set_priority") = false)

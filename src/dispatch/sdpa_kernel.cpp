@@ -36,4 +36,6 @@ sdpa_kernel::sdpa_kernel(std::vector<SDPBackend> backends, bool set_priority) {
 
 sdpa_kernel::~sdpa_kernel() { t_guard_stack.pop_back(); }
 
+bool sdpa_kernel_active() { return !t_guard_stack.empty(); }
+
 }  // namespace sdpa
