@@ -7,11 +7,13 @@
 #include <vector>
 
 #include "sdpa/sdpa.h"
+#include "sdpa/sequence_options.h"
 
 namespace sdpa {
 
-/// Options of attention_with_kvcache (flash-attn's keyword arguments).
-struct KvCacheOptions {
+/// Options of attention_with_kvcache (flash-attn's keyword arguments): the per-sequence
+/// masks, ALiBi, soft-cap and scale of SequenceOptions, plus what the cache call adds.
+struct KvCacheOptions : SequenceOptions {
   /// New keys / values [B, L_new, Hkv, E] / [B, L_new, Hkv, Ev] of the cache's dtype, both
   /// or neither: appended to the cache at each sequence's cache_seqlens before attending.
   Tensor k_new, v_new;
@@ -20,18 +22,6 @@ struct KvCacheOptions {
   Tensor rotary_cos, rotary_sin;
   /// GPT-J's pairs (x[2d], x[2d+1]) when true; GPT-NeoX's halves (x[d], x[d + R/2]) else.
   bool rotary_interleaved = false;
-  /// Bottom-right causal: query i of sequence b sees keys j <= n_b - L + i, where
-  /// n_b = cache_seqlens[b] + L_new is the sequence's length after the append.
-  bool causal = false;
-  /// flash-attn's window_size: query i sees keys in [i + n_b - L - left, i + n_b - L +
-  /// right]; -1 = unbounded on that side. (-1, -1): no window.
-  int64_t window_left = -1, window_right = -1;
-  /// ALiBi slopes, one per query head, aligned bottom-right as the window; empty: none.
-  std::vector<float> alibi_slopes;
-  /// Soft-capping of the scaled scores, cap * tanh(s / cap) (Gemma 2); 0: none.
-  double softcap = 0.0;
-  /// Score scale; default 1/sqrt(E).
-  std::optional<double> scale;
 };
 
 /// Attention of q against a KV cache (flash-attn's flash_attn_with_kvcache).

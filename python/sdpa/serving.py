@@ -1,8 +1,11 @@
-"""Serving entry points: attention through a KV cache and the merge of partial results.
+"""Serving entry points: attention through a KV cache, packed variable-length attention,
+and the merge of partial results.
 
 ``attention_with_kvcache`` has flash-attn's ``flash_attn_with_kvcache`` arguments and
 semantics (BSHD layout, per-sequence ``cache_seqlens``, new keys appended in place, rotary
-embedding, bottom-right causal and window masks); ``merge_attention_states`` combines
+embedding, bottom-right causal and window masks); ``attention_varlen`` has
+``flash_attn_varlen_func``'s (packed sequences delimited by ``cu_seqlens``, with autograd
+for torch tensors); ``merge_attention_states`` combines
 attention results over disjoint key sets by their logsumexp (split-KV, cascade attention,
 shared prefixes). Arrays come from any framework with ``__dlpack__`` (numpy, torch, jax)
 and results go back to the query's framework. CPU arrays.
@@ -12,7 +15,7 @@ from typing import Any, Optional, Sequence
 
 from . import _C, _convert
 
-__all__ = ["attention_with_kvcache", "merge_attention_states"]
+__all__ = ["attention_varlen", "attention_with_kvcache", "merge_attention_states"]
 
 
 def _seqlens(cache_seqlens: Any, batch: int) -> Any:
@@ -47,12 +50,51 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cache_seqlens: An
     sdpa.Error naming the argument for bad input, before anything is written.
     """
     batch = getattr(q, "shape", (0,))[0]
-    left, right = window_size
     out, lse, _ = _C.attention_with_kvcache(
         q, k_cache, v_cache, _seqlens(cache_seqlens, batch), k_new, v_new, rotary_cos,
-        rotary_sin, bool(rotary_interleaved), bool(causal), int(left), int(right),
-        [] if alibi_slopes is None else [float(s) for s in alibi_slopes],
-        _convert.number(softcap, "softcap"), None if scale is None else _convert.number(scale, "scale"))
+        rotary_sin, bool(rotary_interleaved),
+        *_sequence_args(causal, window_size, alibi_slopes, softcap, scale))
+    out = _convert.like(out, q)
+    return (out, _convert.like(lse, q)) if return_lse else out
+
+
+def _sequence_args(causal: bool, window_size: tuple, alibi_slopes: Optional[Sequence[float]],
+                   softcap: float, scale: Optional[float]) -> tuple:
+    """The per-sequence options as _C's serving calls take them."""
+    left, right = window_size
+    return (bool(causal), int(left), int(right),
+            [] if alibi_slopes is None else [float(s) for s in alibi_slopes],
+            _convert.number(softcap, "softcap"),
+            None if scale is None else _convert.number(scale, "scale"))
+
+
+def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+                     max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                     window_size: tuple = (-1, -1),
+                     alibi_slopes: Optional[Sequence[float]] = None, softcap: float = 0.0,
+                     scale: Optional[float] = None, return_lse: bool = False) -> Any:
+    """Attention of packed variable-length sequences (flash-attn's flash_attn_varlen_func).
+
+    q [total_q, Hq, E], k [total_k, Hkv, E], v [total_k, Hkv, Ev] (float32, bfloat16,
+    float16; Hq % Hkv == 0); cu_seqlens_q / cu_seqlens_k int32 [B + 1], from 0 to total_q /
+    total_k: sequence b is queries [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and keys
+    [cu_seqlens_k[b], cu_seqlens_k[b + 1]), and attends only to its own keys.
+    max_seqlen_q / max_seqlen_k bound the lengths (a longer sequence is an error). causal /
+    window_size=(left, right) (-1: unbounded) are aligned bottom-right in each sequence;
+    alibi_slopes [Hq]; softcap: cap * tanh(score / cap) when > 0 (not with alibi_slopes).
+    Returns out [total_q, Hq, Ev], and lse float32 [Hq, total_q] with ``return_lse``; a
+    query that sees no key gives 0 (lse -inf). torch tensors get autograd through q, k and
+    v (the library's per-sequence FlashAttention-2 backward). Raises sdpa.Error naming the
+    argument for bad input.
+    """
+    options = _sequence_args(causal, window_size, alibi_slopes, softcap, scale)
+    lengths = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
+    if _convert.is_torch_tensor(q):
+        from .torch import _varlen_autograd
+
+        out, lse = _varlen_autograd(q, k, v, lengths, options)
+        return (out, lse) if return_lse else out
+    out, lse, _ = _C.attention_varlen(q, k, v, *lengths, *options)
     out = _convert.like(out, q)
     return (out, _convert.like(lse, q)) if return_lse else out
 

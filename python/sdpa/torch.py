@@ -469,3 +469,33 @@ def _flex_autograd(query: Tensor, key: Tensor, value: Tensor, program, block_mas
     names = [n for n, t in sources.items() if isinstance(t, torch.Tensor)]
     return _FlexFunction.apply((program, block_mask, scale, enable_gqa, names), query, key,
                                value, *(sources[n] for n in names))
+
+
+class _VarlenFunction(torch.autograd.Function):
+    """sdpa.attention_varlen with autograd through q, k and v."""
+
+    @staticmethod
+    def forward(ctx, lengths, options, query, key, value):
+        out, lse, _ = _C.attention_varlen(query.detach(), key.detach(), value.detach(),
+                                          *lengths, *options)
+        out, lse = torch.from_dlpack(out), torch.from_dlpack(lse)
+        ctx.varlen_args = (lengths, options)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        lengths, options = ctx.varlen_args
+        query, key, value, out, lse = ctx.saved_tensors
+        gq, gk, gv = _C.attention_varlen_backward(grad_out, query.detach(), key.detach(),
+                                                  value.detach(), out, lse, *lengths, *options)
+        return (None, None, torch.from_dlpack(gq), torch.from_dlpack(gk),
+                torch.from_dlpack(gv))
+
+
+def _varlen_autograd(query: Tensor, key: Tensor, value: Tensor, lengths: tuple,
+                     options: tuple):
+    """(out, lse) of sdpa.attention_varlen for torch tensors, differentiable in query, key
+    and value."""
+    return _VarlenFunction.apply(lengths, options, query, key, value)

@@ -1,5 +1,5 @@
-// Serving entry points: attention through a KV cache (written in place) and the merge of
-// partial attention states.
+// Serving entry points: attention through a KV cache (written in place), packed varlen
+// attention with its backward, and the merge of partial attention states.
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
@@ -7,6 +7,7 @@
 #include "bindings.h"
 #include "sdpa/kv_cache.h"
 #include "sdpa/registry.h"
+#include "sdpa/varlen.h"
 
 namespace sdpa::python {
 namespace {
@@ -14,6 +15,20 @@ namespace {
 // An optional array argument: None stays an undefined Tensor.
 Tensor optional_array(nb::handle obj, const char* arg) {
   return obj.is_none() ? Tensor() : import_array(obj, arg);
+}
+
+// The per-sequence options of the serving calls.
+SequenceOptions sequence_options(bool causal, int64_t window_left, int64_t window_right,
+                                 std::vector<float> alibi_slopes, double softcap,
+                                 std::optional<double> scale) {
+  SequenceOptions o;
+  o.causal = causal;
+  o.window_left = window_left;
+  o.window_right = window_right;
+  o.alibi_slopes = std::move(alibi_slopes);
+  o.softcap = softcap;
+  o.scale = scale;
+  return o;
 }
 
 // Returns (out, lse, backend).
@@ -33,12 +48,8 @@ nb::tuple attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_
   o.rotary_cos = optional_array(rotary_cos, "rotary_cos");
   o.rotary_sin = optional_array(rotary_sin, "rotary_sin");
   o.rotary_interleaved = rotary_interleaved;
-  o.causal = causal;
-  o.window_left = window_left;
-  o.window_right = window_right;
-  o.alibi_slopes = std::move(alibi_slopes);
-  o.softcap = softcap;
-  o.scale = scale;
+  static_cast<SequenceOptions&>(o) = sequence_options(causal, window_left, window_right,
+                                                      std::move(alibi_slopes), softcap, scale);
   AttentionResult r;
   {
     nb::gil_scoped_release release;
@@ -46,6 +57,52 @@ nb::tuple attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_
   }
   return nb::make_tuple(export_tensor(std::move(r.out)), export_tensor(std::move(r.lse)),
                         r.backend);
+}
+
+// Returns (out, lse, backend).
+nb::tuple attention_varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle cu_seqlens_q,
+                           nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                           bool causal, int64_t window_left, int64_t window_right,
+                           std::vector<float> alibi_slopes, double softcap,
+                           std::optional<double> scale) {
+  const Tensor query = import_array(q, "q"), keys = import_array(k, "k"),
+               values = import_array(v, "v");
+  const Tensor cu_q = import_array(cu_seqlens_q, "cu_seqlens_q"),
+               cu_k = import_array(cu_seqlens_k, "cu_seqlens_k");
+  const SequenceOptions o = sequence_options(causal, window_left, window_right,
+                                             std::move(alibi_slopes), softcap, scale);
+  AttentionResult r;
+  {
+    nb::gil_scoped_release release;
+    r = sdpa::attention_varlen(query, keys, values, cu_q, cu_k, max_seqlen_q, max_seqlen_k, o);
+  }
+  return nb::make_tuple(export_tensor(std::move(r.out)), export_tensor(std::move(r.lse)),
+                        r.backend);
+}
+
+// Returns (grad_q, grad_k, grad_v).
+nb::tuple attention_varlen_backward(nb::handle grad_out, nb::handle q, nb::handle k,
+                                    nb::handle v, nb::handle out, nb::handle lse,
+                                    nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+                                    int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
+                                    int64_t window_left, int64_t window_right,
+                                    std::vector<float> alibi_slopes, double softcap,
+                                    std::optional<double> scale) {
+  const Tensor g = import_array(grad_out, "grad_out"), query = import_array(q, "q"),
+               keys = import_array(k, "k"), values = import_array(v, "v"),
+               o_in = import_array(out, "out"), l_in = import_array(lse, "lse");
+  const Tensor cu_q = import_array(cu_seqlens_q, "cu_seqlens_q"),
+               cu_k = import_array(cu_seqlens_k, "cu_seqlens_k");
+  const SequenceOptions o = sequence_options(causal, window_left, window_right,
+                                             std::move(alibi_slopes), softcap, scale);
+  AttentionGradients r;
+  {
+    nb::gil_scoped_release release;
+    r = sdpa::attention_varlen_backward(g, query, keys, values, o_in, l_in, cu_q, cu_k,
+                                        max_seqlen_q, max_seqlen_k, o);
+  }
+  return nb::make_tuple(export_tensor(std::move(r.grad_q)), export_tensor(std::move(r.grad_k)),
+                        export_tensor(std::move(r.grad_v)));
 }
 
 // Returns (out, lse).
@@ -67,6 +124,17 @@ void bind_serving(nb::module_& m) {
         nb::arg("v_cache"), nb::arg("cache_seqlens"), nb::arg("k_new").none(),
         nb::arg("v_new").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
         nb::arg("rotary_interleaved"), nb::arg("causal"), nb::arg("window_left"),
+        nb::arg("window_right"), nb::arg("alibi_slopes"), nb::arg("softcap"),
+        nb::arg("scale").none());
+  m.def("attention_varlen", &attention_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
+        nb::arg("max_seqlen_k"), nb::arg("causal"), nb::arg("window_left"),
+        nb::arg("window_right"), nb::arg("alibi_slopes"), nb::arg("softcap"),
+        nb::arg("scale").none());
+  m.def("attention_varlen_backward", &attention_varlen_backward, nb::arg("grad_out"),
+        nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
+        nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
+        nb::arg("max_seqlen_k"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("alibi_slopes"), nb::arg("softcap"),
         nb::arg("scale").none());
   m.def("merge_attention_states", &merge_states, nb::arg("out_a"), nb::arg("lse_a"),

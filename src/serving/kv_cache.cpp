@@ -2,15 +2,11 @@
 // attention call per sequence over its exact cache length (views into the cache, no
 // copies), so masks and ALiBi align to each sequence's own last key.
 
-#include <cmath>
-#include <memory>
 #include <vector>
 
-#include "sdpa/attn_bias.h"
 #include "sdpa/error.h"
-#include "sdpa/flex_attention.h"
-#include "sdpa/flex_mods.h"
 #include "sdpa/kv_cache.h"
+#include "serving/sequence_mask.h"
 
 namespace sdpa {
 namespace {
@@ -48,25 +44,6 @@ std::vector<int64_t> read_seqlens(const Tensor& cache_seqlens, int64_t batch, in
     lengths[static_cast<size_t>(b)] = n;
   }
   return lengths;
-}
-
-// The per-sequence mask and ALiBi of the options for a sequence of n keys.
-AttnMask sequence_bias(const KvCacheOptions& o, int64_t q_len, int64_t n) {
-  std::vector<AttnBiasPtr> parts;
-  const int64_t right = o.causal ? 0 : o.window_right;
-  if (o.window_left < 0 && right == 0) {
-    parts.push_back(causal_lower_right(q_len, n));
-  } else if (o.window_left >= 0 || right >= 0) {
-    parts.push_back(std::make_shared<LocalAttentionBias>(
-        o.window_left < 0 ? std::nullopt : std::optional<int64_t>(o.window_left),
-        right < 0 ? std::nullopt : std::optional<int64_t>(right), DiagonalAlignment::kBottomRight));
-  }
-  if (!o.alibi_slopes.empty()) {
-    parts.push_back(std::make_shared<AlibiBias>(o.alibi_slopes, DiagonalAlignment::kBottomRight));
-  }
-  if (parts.empty()) return {};
-  if (parts.size() == 1) return parts.front();
-  return std::make_shared<ComposedBias>(std::move(parts));
 }
 
 // [L, H, E] rows of sequence b of a BSHD tensor as a [1, H, L, E] view.
@@ -118,17 +95,7 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
     check_size(o.v_new, "v_new", 3, Ev, "the value head dimension Ev of v_cache");
   }
   const std::vector<int64_t> cached = read_seqlens(cache_seqlens, B, S_max, new_len);
-  SDPA_CHECK(o.window_left >= -1 && o.window_right >= -1,
-             "window_size: expected bounds >= -1 (-1: unbounded), got (", o.window_left, ", ",
-             o.window_right, ")");
-  SDPA_CHECK(std::isfinite(o.softcap) && o.softcap >= 0.0,
-             "softcap: expected a finite value >= 0 (0: none), got ", o.softcap);
-  SDPA_CHECK(o.alibi_slopes.empty() || static_cast<int64_t>(o.alibi_slopes.size()) == Hq,
-             "alibi_slopes: expected one slope per query head (", Hq, "), got ",
-             o.alibi_slopes.size());
-  SDPA_CHECK(o.alibi_slopes.empty() || o.softcap == 0.0,
-             "alibi_slopes with softcap: soft-capping applies to the scores before the ALiBi "
-             "bias, which sdpa's kernels do not order that way; pass one of the two");
+  serving::check_sequence_options(o, Hq);
   SDPA_CHECK(o.rotary_cos.defined() == o.rotary_sin.defined(),
              "rotary_cos / rotary_sin: expected both or neither");
 
@@ -145,18 +112,14 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
                              o.rotary_interleaved);
     }
   }
-  std::optional<flex::Program> softcap;
-  if (o.softcap > 0.0) softcap = flex::Program::from_score_mod(flex::mods::soft_cap(o.softcap));
-  std::vector<SDPAOptions> calls(static_cast<size_t>(B));
+  std::vector<serving::SequenceCall> calls;
+  calls.reserve(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
-    SDPAOptions& call = calls[static_cast<size_t>(b)];
     const int64_t n = cached[static_cast<size_t>(b)] + new_len;
-    call.scale = o.scale;
-    call.enable_gqa = Hq != Hkv;
-    call.attn_mask = sequence_bias(o, L, n);
+    calls.emplace_back(o, L, n, Hq != Hkv);
     // Validates the call (scale, mask sizes) before the append.
-    (void)make_params(heads_first(q_run, b, L), heads_first(k_cache, b, n),
-                      heads_first(v_cache, b, n), call);
+    calls.back().check(heads_first(q_run, b, L), heads_first(k_cache, b, n),
+                       heads_first(v_cache, b, n));
   }
 
   for (int64_t b = 0; b < B && new_len > 0; ++b) {
@@ -172,9 +135,7 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
     const int64_t n = cached[static_cast<size_t>(b)] + new_len;
     const Tensor qb = heads_first(q_run, b, L), kb = heads_first(k_cache, b, n),
                  vb = heads_first(v_cache, b, n);
-    const SDPAOptions& call = calls[static_cast<size_t>(b)];
-    const AttentionResult r = softcap ? flex_attention(qb, kb, vb, softcap, nullptr, call)
-                                      : scaled_dot_product_attention_with_lse(qb, kb, vb, call);
+    const AttentionResult r = calls[static_cast<size_t>(b)].forward(qb, kb, vb);
     result.out.select(0, b).copy_(r.out.select(0, 0).transpose(0, 1));
     result.lse.select(0, b).copy_(r.lse.select(0, 0));
     result.backend = r.backend;

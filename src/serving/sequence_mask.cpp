@@ -1,0 +1,76 @@
+// SequenceOptions as one attention call per sequence: the band and ALiBi bottom-right in
+// the sequence's own q_len x kv_len, soft-capping as a flex score_mod.
+
+#include "serving/sequence_mask.h"
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "sdpa/attn_bias.h"
+#include "sdpa/error.h"
+#include "sdpa/flex_attention.h"
+#include "sdpa/flex_mods.h"
+
+namespace sdpa::serving {
+namespace {
+
+// The options' mask and ALiBi for a sequence of q_len queries and kv_len keys.
+AttnMask sequence_bias(const SequenceOptions& o, int64_t q_len, int64_t kv_len) {
+  std::vector<AttnBiasPtr> parts;
+  const int64_t right = o.causal ? 0 : o.window_right;
+  if (o.window_left < 0 && right == 0) {
+    parts.push_back(causal_lower_right(q_len, kv_len));
+  } else if (o.window_left >= 0 || right >= 0) {
+    parts.push_back(std::make_shared<LocalAttentionBias>(
+        o.window_left < 0 ? std::nullopt : std::optional<int64_t>(o.window_left),
+        right < 0 ? std::nullopt : std::optional<int64_t>(right), DiagonalAlignment::kBottomRight));
+  }
+  if (!o.alibi_slopes.empty()) {
+    parts.push_back(std::make_shared<AlibiBias>(o.alibi_slopes, DiagonalAlignment::kBottomRight));
+  }
+  if (parts.empty()) return {};
+  if (parts.size() == 1) return parts.front();
+  return std::make_shared<ComposedBias>(std::move(parts));
+}
+
+}  // namespace
+
+void check_sequence_options(const SequenceOptions& o, int64_t num_heads_q) {
+  SDPA_CHECK(o.window_left >= -1 && o.window_right >= -1,
+             "window_size: expected bounds >= -1 (-1: unbounded), got (", o.window_left, ", ",
+             o.window_right, ")");
+  SDPA_CHECK(std::isfinite(o.softcap) && o.softcap >= 0.0,
+             "softcap: expected a finite value >= 0 (0: none), got ", o.softcap);
+  SDPA_CHECK(o.alibi_slopes.empty() || static_cast<int64_t>(o.alibi_slopes.size()) == num_heads_q,
+             "alibi_slopes: expected one slope per query head (", num_heads_q, "), got ",
+             o.alibi_slopes.size());
+  SDPA_CHECK(o.alibi_slopes.empty() || o.softcap == 0.0,
+             "alibi_slopes with softcap: soft-capping applies to the scores before the ALiBi "
+             "bias, which sdpa's kernels do not order that way; pass one of the two");
+}
+
+SequenceCall::SequenceCall(const SequenceOptions& o, int64_t q_len, int64_t kv_len, bool gqa) {
+  options.scale = o.scale;
+  options.enable_gqa = gqa;
+  options.attn_mask = sequence_bias(o, q_len, kv_len);
+  if (o.softcap > 0.0) softcap = flex::Program::from_score_mod(flex::mods::soft_cap(o.softcap));
+}
+
+void SequenceCall::check(const Tensor& q, const Tensor& k, const Tensor& v) const {
+  (void)make_params(q, k, v, options);
+}
+
+AttentionResult SequenceCall::forward(const Tensor& q, const Tensor& k, const Tensor& v) const {
+  return softcap ? flex_attention(q, k, v, softcap, nullptr, options)
+                 : scaled_dot_product_attention_with_lse(q, k, v, options);
+}
+
+AttentionGradients SequenceCall::backward(const Tensor& grad_out, const Tensor& q,
+                                          const Tensor& k, const Tensor& v, const Tensor& out,
+                                          const Tensor& lse) const {
+  return softcap ? flex_attention_backward(grad_out, q, k, v, out, lse, softcap, nullptr, options)
+                 : scaled_dot_product_attention_backward(grad_out, q, k, v, out, lse, options);
+}
+
+}  // namespace sdpa::serving

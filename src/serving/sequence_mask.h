@@ -1,0 +1,33 @@
+#pragma once
+// What the serving entry points share: the checks of SequenceOptions and the per-sequence
+// attention call they run (mask, ALiBi, soft-cap as a flex score_mod), forward and
+// backward, on [1, H, n, E] views of one sequence.
+
+#include <cstdint>
+#include <optional>
+
+#include "sdpa/flex.h"
+#include "sdpa/sdpa.h"
+#include "sdpa/sequence_options.h"
+
+namespace sdpa::serving {
+
+/// Checks the options for Hq query heads; throws sdpa::Error naming the option.
+void check_sequence_options(const SequenceOptions& o, int64_t num_heads_q);
+
+/// One sequence's attention: the options' band and ALiBi for q_len x kv_len, their scale,
+/// GQA when the head counts differ, and the soft-cap program (none when softcap is 0).
+struct SequenceCall {
+  SDPAOptions options;
+  std::optional<flex::Program> softcap;
+
+  /// q [1, Hq, q_len, E], k/v [1, Hkv, kv_len, E/Ev] views of the sequence.
+  SequenceCall(const SequenceOptions& o, int64_t q_len, int64_t kv_len, bool gqa);
+  /// Validates the call (shapes, mask sizes) without running it.
+  void check(const Tensor& q, const Tensor& k, const Tensor& v) const;
+  AttentionResult forward(const Tensor& q, const Tensor& k, const Tensor& v) const;
+  AttentionGradients backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& lse) const;
+};
+
+}  // namespace sdpa::serving

@@ -1,0 +1,175 @@
+// attention_varlen: validate the packing, then one attention call per sequence on
+// [1, H, n, E] views of the packed tensors, so masks and ALiBi align to each sequence's
+// own lengths; results are copied into the packed outputs.
+
+#include "sdpa/varlen.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "sdpa/error.h"
+#include "serving/sequence_mask.h"
+
+namespace sdpa {
+namespace {
+
+void check_3d(const Tensor& t, const char* name, const char* layout) {
+  SDPA_CHECK(t.defined(), name, ": expected a tensor ", layout, ", got none");
+  SDPA_CHECK(t.dim() == 3, name, ": expected a 3-D tensor ", layout, ", got ",
+             shape_str(t.sizes()));
+  SDPA_CHECK(t.device() == Device{}, name, ": attention_varlen takes CPU tensors, got ",
+             device_name(t.device()));
+}
+
+// The offsets of cu_seqlens (int32 [B + 1] from 0 to `total`), each length at most
+// max_seqlen; `batch` (B + 1 entries) when known from the other offsets, else -1.
+std::vector<int64_t> read_offsets(const Tensor& cu, const char* name, int64_t total,
+                                  int64_t max_seqlen, const char* max_name, int64_t entries) {
+  SDPA_CHECK(cu.defined() && cu.dtype() == DType::kInt32, name,
+             ": expected an int32 tensor [B + 1], got ",
+             cu.defined() ? std::string(dtype_name(cu.dtype())) : "none");
+  SDPA_CHECK(cu.device() == Device{}, name, ": expected a CPU tensor, got ",
+             device_name(cu.device()));
+  SDPA_CHECK(cu.dim() == 1 && cu.size(0) >= 1, name, ": expected shape [B + 1], got ",
+             shape_str(cu.sizes()));
+  SDPA_CHECK(entries < 0 || cu.size(0) == entries, name, ": expected ", entries,
+             " offsets (B + 1, as cu_seqlens_q), got ", cu.size(0));
+  SDPA_CHECK(max_seqlen >= 0, max_name, ": expected a value >= 0, got ", max_seqlen);
+  std::vector<int64_t> offsets(static_cast<size_t>(cu.size(0)));
+  for (int64_t i = 0; i < cu.size(0); ++i) {
+    offsets[static_cast<size_t>(i)] = static_cast<int64_t>(cu.item({i}));
+  }
+  SDPA_CHECK(offsets.front() == 0, name, "[0]: expected 0, got ", offsets.front());
+  for (size_t i = 1; i < offsets.size(); ++i) {
+    const int64_t len = offsets[i] - offsets[i - 1];
+    SDPA_CHECK(len >= 0, name, ": expected non-decreasing offsets, got ", offsets[i - 1],
+               " then ", offsets[i], " at ", i);
+    SDPA_CHECK(len <= max_seqlen, name, ": sequence ", i - 1, " has length ", len, " above ",
+               max_name, " = ", max_seqlen);
+  }
+  SDPA_CHECK(offsets.back() == total, name, "[B]: expected the packed length ", total, ", got ",
+             offsets.back());
+  return offsets;
+}
+
+// Sequence rows [begin, end) of a packed [total, H, D] tensor as a [1, H, n, D] view.
+Tensor sequence(const Tensor& packed, int64_t begin, int64_t end) {
+  return packed.slice(0, begin, end).transpose(0, 1).unsqueeze(0);
+}
+
+// The validated packing of one call: per sequence its query and key ranges and call.
+struct Packing {
+  std::vector<int64_t> cu_q, cu_k;
+  std::vector<serving::SequenceCall> calls;
+
+  int64_t batch() const { return static_cast<int64_t>(cu_q.size()) - 1; }
+  int64_t q_begin(int64_t b) const { return cu_q[static_cast<size_t>(b)]; }
+  int64_t q_end(int64_t b) const { return cu_q[static_cast<size_t>(b) + 1]; }
+  int64_t k_begin(int64_t b) const { return cu_k[static_cast<size_t>(b)]; }
+  int64_t k_end(int64_t b) const { return cu_k[static_cast<size_t>(b) + 1]; }
+  // Sequences with queries and keys run; the others' rows keep out 0, lse -inf and
+  // gradients 0.
+  bool runs(int64_t b) const { return q_end(b) > q_begin(b) && k_end(b) > k_begin(b); }
+};
+
+Packing check_packing(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q,
+                      const Tensor& cu_k, int64_t max_q, int64_t max_k, const SequenceOptions& o) {
+  check_3d(q, "q", "[total_q, Hq, E]");
+  check_3d(k, "k", "[total_k, Hkv, E]");
+  check_3d(v, "v", "[total_k, Hkv, Ev]");
+  SDPA_CHECK(q.dtype() == DType::kFloat32 || q.dtype() == DType::kBFloat16 ||
+                 q.dtype() == DType::kFloat16,
+             "q: expected float32, bfloat16 or float16, got ", dtype_name(q.dtype()));
+  for (const auto& [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    SDPA_CHECK(t->dtype() == q.dtype(), name, ": expected q's dtype ", dtype_name(q.dtype()),
+               ", got ", dtype_name(t->dtype()));
+  }
+  SDPA_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1), "v: expected [",
+             k.size(0), ", ", k.size(1), ", Ev] (total_k and Hkv of k), got ",
+             shape_str(v.sizes()));
+  SDPA_CHECK(k.size(2) == q.size(2), "k: expected head dimension E = ", q.size(2),
+             " (q's), got ", k.size(2));
+  const int64_t Hq = q.size(1), Hkv = k.size(1);
+  SDPA_CHECK(Hkv > 0 && Hq % Hkv == 0, "q: the query head count ", Hq,
+             " must be a multiple of the kv head count ", Hkv, " (GQA)");
+  serving::check_sequence_options(o, Hq);
+  Packing p;
+  p.cu_q = read_offsets(cu_q, "cu_seqlens_q", q.size(0), max_q, "max_seqlen_q", -1);
+  p.cu_k = read_offsets(cu_k, "cu_seqlens_k", k.size(0), max_k, "max_seqlen_k",
+                        static_cast<int64_t>(p.cu_q.size()));
+  p.calls.reserve(static_cast<size_t>(p.batch()));
+  for (int64_t b = 0; b < p.batch(); ++b) {
+    p.calls.emplace_back(o, p.q_end(b) - p.q_begin(b), p.k_end(b) - p.k_begin(b), Hq != Hkv);
+    if (p.runs(b)) {
+      p.calls.back().check(sequence(q, p.q_begin(b), p.q_end(b)),
+                           sequence(k, p.k_begin(b), p.k_end(b)),
+                           sequence(v, p.k_begin(b), p.k_end(b)));
+    }
+  }
+  return p;
+}
+
+void check_like(const Tensor& t, const char* name, const Shape& shape, DType dtype) {
+  SDPA_CHECK(t.defined() && t.sizes() == shape && t.dtype() == dtype, name, ": expected ",
+             dtype_name(dtype), " ", shape_str(shape), ", got ",
+             t.defined() ? std::string(dtype_name(t.dtype())) + " " + shape_str(t.sizes())
+                         : std::string("none"));
+}
+
+}  // namespace
+
+AttentionResult attention_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                 int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                 const SequenceOptions& options) {
+  const Packing p = check_packing(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, options);
+  const int64_t total_q = q.size(0), Hq = q.size(1), Ev = v.size(2);
+  AttentionResult result;
+  result.out = Tensor::zeros({total_q, Hq, Ev}, q.dtype());
+  result.lse =
+      Tensor::full({Hq, total_q}, -std::numeric_limits<double>::infinity(), DType::kFloat32);
+  for (int64_t b = 0; b < p.batch(); ++b) {
+    if (!p.runs(b)) continue;
+    const AttentionResult r = p.calls[static_cast<size_t>(b)].forward(
+        sequence(q, p.q_begin(b), p.q_end(b)), sequence(k, p.k_begin(b), p.k_end(b)),
+        sequence(v, p.k_begin(b), p.k_end(b)));
+    result.out.slice(0, p.q_begin(b), p.q_end(b)).copy_(r.out.select(0, 0).transpose(0, 1));
+    result.lse.slice(1, p.q_begin(b), p.q_end(b)).copy_(r.lse.select(0, 0));
+    result.backend = r.backend;
+  }
+  return result;
+}
+
+AttentionGradients attention_varlen_backward(const Tensor& grad_out, const Tensor& q,
+                                             const Tensor& k, const Tensor& v, const Tensor& out,
+                                             const Tensor& lse, const Tensor& cu_seqlens_q,
+                                             const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                                             int64_t max_seqlen_k,
+                                             const SequenceOptions& options) {
+  const Packing p = check_packing(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, options);
+  const int64_t total_q = q.size(0), Hq = q.size(1), Ev = v.size(2);
+  check_like(grad_out, "grad_out", {total_q, Hq, Ev}, q.dtype());
+  check_like(out, "out", {total_q, Hq, Ev}, q.dtype());
+  check_like(lse, "lse", {Hq, total_q}, DType::kFloat32);
+  AttentionGradients grads;
+  grads.grad_q = Tensor::zeros(q.sizes(), q.dtype());
+  grads.grad_k = Tensor::zeros(k.sizes(), k.dtype());
+  grads.grad_v = Tensor::zeros(v.sizes(), v.dtype());
+  for (int64_t b = 0; b < p.batch(); ++b) {
+    if (!p.runs(b)) continue;
+    const int64_t q0 = p.q_begin(b), q1 = p.q_end(b), k0 = p.k_begin(b), k1 = p.k_end(b);
+    const AttentionGradients g = p.calls[static_cast<size_t>(b)].backward(
+        sequence(grad_out, q0, q1), sequence(q, q0, q1), sequence(k, k0, k1),
+        sequence(v, k0, k1), sequence(out, q0, q1), lse.slice(1, q0, q1).unsqueeze(0));
+    grads.grad_q.slice(0, q0, q1).copy_(g.grad_q.select(0, 0).transpose(0, 1));
+    grads.grad_k.slice(0, k0, k1).copy_(g.grad_k.select(0, 0).transpose(0, 1));
+    grads.grad_v.slice(0, k0, k1).copy_(g.grad_v.select(0, 0).transpose(0, 1));
+  }
+  return grads;
+}
+
+}  // namespace sdpa
