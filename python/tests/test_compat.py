@@ -1,0 +1,162 @@
+"""sdpa.compat.flash_attn and sdpa.compat.xformers against float64 references written
+from flash-attn's and xFormers' documented semantics (BSHD / BMHK layouts, causal aligned
+bottom-right for flash-attn and top-left for LowerTriangularMask, packed block-diagonal
+sequences, GQA through BMGHK), numpy and torch (with autograd), and the arguments they
+refuse."""
+
+import numpy as np
+import pytest
+
+import sdpa
+import sdpa.compat.flash_attn as fa
+import sdpa.compat.xformers as xops
+from attention_reference import causal_keep, forward, tolerance
+
+
+def _bhsd(x):
+    """[B, S, H, E] -> [B, H, S, E] float64."""
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).astype(np.float64)
+
+
+def _window_keep(L, S, left, right):
+    i = np.arange(L)[:, None] + S - L
+    j = np.arange(S)[None, :]
+    return ((j >= i - left) | (left < 0)) & ((j <= i + right) | (right < 0))
+
+
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (4, 1))])
+def test_flash_attn_func_matches_reference(rng, causal, window):
+    B, Sq, Sk, Hq, Hkv, E = 2, 37, 65, 6, 2, 24
+    q = rng.standard_normal((B, Sq, Hq, E)).astype(np.float32)
+    k = rng.standard_normal((B, Sk, Hkv, E)).astype(np.float32)
+    v = rng.standard_normal((B, Sk, Hkv, E)).astype(np.float32)
+    out, lse, probs = fa.flash_attn_func(q, k, v, causal=causal, window_size=window,
+                                         return_attn_probs=True)
+    keep = causal_keep(Sq, Sk, lower_right=True) if causal else _window_keep(Sq, Sk, *window)
+    want, want_lse, _ = forward(_bhsd(q), _bhsd(k), _bhsd(v), mask=keep, enable_gqa=True)
+    assert out.shape == (B, Sq, Hq, E) and lse.shape == (B, Hq, Sq) and probs is None
+    np.testing.assert_allclose(out.transpose(0, 2, 1, 3), want, **tolerance(np.float32))
+    np.testing.assert_allclose(lse, want_lse, atol=1e-4)
+
+
+def test_packed_forms_and_varlen_agree_with_flash_attn_func(rng):
+    B, S, H, E = 3, 20, 2, 16
+    qkv = rng.standard_normal((B, S, 3, H, E)).astype(np.float32)
+    want = fa.flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)
+    np.testing.assert_allclose(fa.flash_attn_qkvpacked_func(qkv, causal=True), want, rtol=0,
+                               atol=0)
+    np.testing.assert_allclose(fa.flash_attn_kvpacked_func(qkv[:, :, 0], qkv[:, :, 1:],
+                                                           causal=True), want, rtol=0, atol=0)
+    cu = np.arange(0, (B + 1) * S, S, dtype=np.int32)
+    packed = [np.ascontiguousarray(qkv[:, :, i].reshape(B * S, H, E)) for i in range(3)]
+    got = fa.flash_attn_varlen_func(*packed, cu, cu, S, S, causal=True)
+    np.testing.assert_allclose(got.reshape(B, S, H, E), want, rtol=0, atol=0)
+
+
+def test_flash_attn_with_kvcache_defaults_to_interleaved_rotary(rng):
+    B, S_max, H, E = 1, 32, 2, 8
+    q = rng.standard_normal((B, 1, H, E)).astype(np.float32)
+    k_cache = rng.standard_normal((B, S_max, H, E)).astype(np.float32)
+    v_cache = rng.standard_normal((B, S_max, H, E)).astype(np.float32)
+    cos = rng.standard_normal((S_max, E // 2)).astype(np.float32)
+    sin = rng.standard_normal((S_max, E // 2)).astype(np.float32)
+    seqlens = np.array([9], np.int32)
+    got = fa.flash_attn_with_kvcache(q, k_cache.copy(), v_cache.copy(), rotary_cos=cos,
+                                     rotary_sin=sin, cache_seqlens=seqlens, causal=True)
+    want = sdpa.attention_with_kvcache(q, k_cache.copy(), v_cache.copy(), seqlens,
+                                       rotary_cos=cos, rotary_sin=sin, rotary_interleaved=True,
+                                       causal=True)
+    np.testing.assert_array_equal(got, want)
+    full = fa.flash_attn_with_kvcache(q, k_cache, v_cache)  # no lengths: the whole cache
+    ref, _, _ = forward(_bhsd(q), _bhsd(k_cache), _bhsd(v_cache))
+    np.testing.assert_allclose(full.transpose(0, 2, 1, 3), ref, **tolerance(np.float32))
+
+
+def test_flash_attn_refuses_what_it_cannot_run(rng):
+    q = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)
+    with pytest.raises(sdpa.Error, match="dropout_p: sdpa.compat.flash_attn has no"):
+        fa.flash_attn_func(q, q, q, dropout_p=0.1)
+    with pytest.raises(sdpa.Error, match="block_table"):
+        fa.flash_attn_with_kvcache(q, q, q, cache_seqlens=2, block_table=np.zeros((1, 1), np.int32))
+    with pytest.raises(sdpa.Error, match="cache_seqlens: expected the cache lengths"):
+        fa.flash_attn_with_kvcache(q, q, q, k=q[:, :1], v=q[:, :1])
+
+
+def test_flash_attn_func_torch_gradients():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, n, 4, 16, generator=g, requires_grad=True) for n in (9, 14, 14))
+    fa.flash_attn_func(q, k, v, causal=True, softcap=4.0).square().sum().backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s = (q64.transpose(1, 2) @ k64.transpose(1, 2).transpose(-1, -2)) / 4.0
+    s = (4.0 * torch.tanh(s / 4.0)).masked_fill(~torch.ones(9, 14, dtype=torch.bool).tril(5),
+                                                float("-inf"))
+    (s.softmax(-1) @ v64.transpose(1, 2)).transpose(1, 2).square().sum().backward()
+    for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert (got.double() - want).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("mask_name", ["none", "lower", "bottom_right"])
+def test_memory_efficient_attention_masks(rng, mask_name):
+    B, M, N, H, K = 2, 19, 33, 3, 16
+    q = rng.standard_normal((B, M, H, K)).astype(np.float32)
+    k = rng.standard_normal((B, N, H, K)).astype(np.float32)
+    v = rng.standard_normal((B, N, H, K)).astype(np.float32)
+    bias = {"none": None, "lower": xops.LowerTriangularMask(),
+            "bottom_right": xops.LowerTriangularFromBottomRightMask()}[mask_name]
+    out = xops.memory_efficient_attention(q, k, v, attn_bias=bias)
+    keep = None if bias is None else causal_keep(M, N, lower_right=mask_name == "bottom_right")
+    want, _, _ = forward(_bhsd(q), _bhsd(k), _bhsd(v), mask=keep)
+    assert out.shape == (B, M, H, K) and out.flags["C_CONTIGUOUS"]
+    np.testing.assert_allclose(out.transpose(0, 2, 1, 3), want, **tolerance(np.float32))
+    if bias is not None:
+        dense = bias.materialize((M, N))
+        np.testing.assert_array_equal(np.isfinite(dense), keep)
+
+
+def test_block_diagonal_masks_match_per_sequence(rng):
+    q_lens, kv_lens, H, K = [3, 10, 1], [5, 10, 7], 2, 8
+    q = rng.standard_normal((1, sum(q_lens), H, K)).astype(np.float32)
+    k = rng.standard_normal((1, sum(kv_lens), H, K)).astype(np.float32)
+    v = rng.standard_normal((1, sum(kv_lens), H, K)).astype(np.float32)
+    mask = xops.fmha.attn_bias.BlockDiagonalMask.from_seqlens(q_lens, kv_lens)
+    for bias, bottom_right in ((mask, None), (mask.make_causal(), False),
+                               (mask.make_causal_from_bottomright(), True)):
+        out = xops.memory_efficient_attention(q, k, v, attn_bias=bias)
+        q0 = k0 = 0
+        for L, S in zip(q_lens, kv_lens):
+            keep = None if bottom_right is None else causal_keep(L, S, lower_right=bottom_right)
+            want, _, _ = forward(_bhsd(q[:, q0:q0 + L]), _bhsd(k[:, k0:k0 + S]),
+                                 _bhsd(v[:, k0:k0 + S]), mask=keep)
+            got = out[:, q0:q0 + L].transpose(0, 2, 1, 3)
+            rows = np.ones(L, bool) if keep is None else keep.any(axis=1)
+            np.testing.assert_allclose(got[:, :, rows], want[:, :, rows], **tolerance(np.float32))
+            q0, k0 = q0 + L, k0 + S
+
+
+def test_bmghk_grouped_query_attention(rng):
+    B, M, N, G, H, K = 1, 7, 12, 2, 3, 8
+    q = rng.standard_normal((B, M, G, H, K)).astype(np.float32)
+    k = np.broadcast_to(rng.standard_normal((B, N, G, 1, K)).astype(np.float32), (B, N, G, H, K))
+    v = np.broadcast_to(rng.standard_normal((B, N, G, 1, K)).astype(np.float32), (B, N, G, H, K))
+    out = xops.memory_efficient_attention(q, k, v)
+    assert out.shape == (B, M, G, H, K)
+    want, _, _ = forward(_bhsd(q.reshape(B, M, G * H, K)),
+                         _bhsd(np.ascontiguousarray(k).reshape(B, N, G * H, K)),
+                         _bhsd(np.ascontiguousarray(v).reshape(B, N, G * H, K)))
+    np.testing.assert_allclose(out.reshape(B, M, G * H, K).transpose(0, 2, 1, 3), want,
+                               **tolerance(np.float32))
+
+
+def test_memory_efficient_attention_torch_tensor_bias_and_grad():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 11, 2, 8, generator=g, requires_grad=True) for _ in range(3))
+    bias = torch.randn(2, 2, 11, 11, generator=g)
+    out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=0.3)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *(t.detach().double().transpose(1, 2) for t in (q, k, v)), attn_mask=bias.double(),
+        scale=0.3).transpose(1, 2)
+    assert (out.double() - want).abs().max().item() < 1e-5
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
