@@ -115,9 +115,56 @@ def test_training_step_gradients_match_stock():
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)
 
 
-def test_softcap_and_output_attentions_are_refused():
+def tiny_gemma2(attn_implementation):
+    config = transformers.Gemma2Config(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        sliding_window=8, attn_logit_softcapping=5.0, final_logit_softcapping=None,
+        attn_implementation=attn_implementation)
+    torch.manual_seed(0)
+    model = transformers.Gemma2ForCausalLM(config).eval()
+    with torch.no_grad():  # scores large enough for the cap to matter
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+    return model
+
+
+def test_gemma2_softcap_and_sliding_window_match_eager():
+    # transformers checks every name containing "sdpa" against the model's SDPA support,
+    # which Gemma 2 (soft-capping) lacks: such models take sdpa under another name.
+    assert sdpa_hf.register("cpp_attention") == "cpp_attention"
+    eager, ours = tiny_gemma2("eager"), tiny_gemma2("cpp_attention")
+    ours.load_state_dict(eager.state_dict())
+    ids = torch.randint(1, 97, (2, 19), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding
+    with torch.no_grad():
+        want = eager(input_ids=ids, attention_mask=mask).logits
+        got = ours(input_ids=ids, attention_mask=mask).logits
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-4, atol=1e-4)
+
+
+def test_softcap_gradients_match_the_formula():
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(1, 4, 5, 8, generator=g, requires_grad=True)
+    k = torch.randn(1, 2, 5, 8, generator=g, requires_grad=True)
+    v = torch.randn(1, 2, 5, 8, generator=g, requires_grad=True)
+    out, _ = sdpa_hf.attention_forward(None, q, k, v, None, scaling=0.9, is_causal=True,
+                                       softcap=2.0)
+    out.sum().backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s = q64 @ k64.repeat_interleave(2, 1).transpose(-1, -2) * 0.9
+    s = (2.0 * torch.tanh(s / 2.0)).masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(),
+                                                float("-inf"))
+    (s.softmax(-1) @ v64.repeat_interleave(2, 1)).transpose(1, 2).sum().backward()
+    for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_softcap_with_dropout_and_output_attentions_are_refused():
     q = torch.randn(1, 2, 3, 8)
     with pytest.raises(ValueError, match="softcap"):
-        sdpa_hf.attention_forward(None, q, q, q, None, softcap=30.0)
+        sdpa_hf.attention_forward(None, q, q, q, None, dropout=0.1, softcap=30.0)
     with pytest.raises(ValueError, match="output_attentions"):
         sdpa_hf.attention_forward(None, q, q, q, None, output_attentions=True)

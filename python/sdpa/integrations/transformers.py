@@ -9,6 +9,11 @@ reuses transformers' own SDPA mask builder for that name (``AttentionMaskInterfa
 every attention layer of a model gets exactly the masks, causal flag and GQA layout the
 stock ``"sdpa"`` implementation gets, and runs through ``sdpa.torch`` (autograd and
 ``torch.compile`` included). transformers and torch are imported only by ``register()``.
+
+transformers checks any implementation whose name contains "sdpa" against the model's
+SDPA support; models it marks unsupported for SDPA because of soft-capping (Gemma 2) run
+under another name: ``register("cpp_attention")``, then
+``attn_implementation="cpp_attention"``.
 """
 
 from __future__ import annotations
@@ -41,16 +46,16 @@ def attention_forward(
     than one query row (top-left causal). Returns (out [B, L, Hq, Ev], None): attention
     weights are never materialized.
 
-    Raises ValueError for ``softcap`` (use a flex score_mod instead) and for
-    ``output_attentions=True``.
+    ``softcap`` (Gemma 2): ``softcap * tanh(score / softcap)`` on the scaled scores before
+    the mask is added, as transformers' eager Gemma 2 attention; it runs as a flex
+    score_mod (the mask read from the captured mask tensor, causal as a BlockMask).
+
+    Raises ValueError for ``softcap`` with dropout and for ``output_attentions=True``.
     """
     import torch
 
     from .. import torch as sdpa_torch
 
-    if kwargs.get("softcap") is not None:
-        raise ValueError("sdpa_cpp: softcap is not an SDPA option; use sdpa.flex_attention "
-                         "with a soft-capping score_mod")
     if kwargs.get("output_attentions", False):
         raise ValueError("sdpa_cpp: output_attentions=True needs the attention weights, which "
                          "sdpa never materializes; use attn_implementation='eager'")
@@ -59,6 +64,13 @@ def attention_forward(
         is_causal = getattr(module, "is_causal", True)
     q_len = query.shape[2]
     is_causal = bool(q_len > 1 and attention_mask is None and is_causal)
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        if dropout:
+            raise ValueError("sdpa_cpp: softcap runs as a flex score_mod, which has no "
+                             "attention dropout; got dropout=" + str(dropout))
+        out = _softcapped(query, key, value, attention_mask, scaling, is_causal, float(softcap))
+        return out.transpose(1, 2).contiguous(), None
     if position_bias is not None:  # T5-style learned bias: one additive mask
         floor = torch.finfo(query.dtype).min
         if attention_mask is None:
@@ -80,6 +92,36 @@ def attention_forward(
         enable_gqa=query.shape[1] != key.shape[1],
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def _softcapped(query: Any, key: Any, value: Any, attention_mask: Optional[Any],
+                scaling: Optional[float], is_causal: bool, softcap: float) -> Any:
+    """Attention with soft-capped scores and then the mask added (Gemma 2's order), as a
+    flex program: out [B, Hq, L, Ev]."""
+    import torch
+
+    from ..flex import create_block_mask, flex_attention
+    from ..flex.mods import causal_mask
+
+    mask = attention_mask
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=torch.float32).masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        mask = mask.detach().to(torch.float32)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        capped = softcap * torch.tanh(score / softcap)
+        if mask is None:
+            return capped
+        mb = b if mask.shape[0] > 1 else 0
+        mh = h if mask.shape[1] > 1 else 0
+        mq = q_idx if mask.shape[2] > 1 else 0
+        return capped + mask[mb, mh, mq, kv_idx]
+
+    block_mask = (create_block_mask(causal_mask, None, None, query.shape[2], key.shape[2])
+                  if is_causal else None)
+    return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask,
+                          scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
 
 
 def register(name: str = NAME) -> str:
