@@ -22,12 +22,19 @@ struct KvCacheOptions : SequenceOptions {
   Tensor rotary_cos, rotary_sin;
   /// GPT-J's pairs (x[2d], x[2d+1]) when true; GPT-NeoX's halves (x[d], x[d + R/2]) else.
   bool rotary_interleaved = false;
+  /// Paged cache (vLLM / FlashInfer / flash-attn layout): int32 [B, max_pages]; sequence
+  /// b's position j is row j % page_size of page block_table[b][j / page_size] of
+  /// k_cache [num_pages, page_size, Hkv, E] / v_cache [num_pages, page_size, Hkv, Ev].
+  /// Pages are read and written in place. Undefined: contiguous [B, S_max, ...] caches.
+  Tensor block_table;
 };
 
 /// Attention of q against a KV cache (flash-attn's flash_attn_with_kvcache).
 ///   q [B, L, Hq, E]; k_cache [B, S_max, Hkv, E], v_cache [B, S_max, Hkv, Ev] of q's dtype
 ///   (float32, bfloat16 or float16; any strides); cache_seqlens int32 [B]: the valid
-///   length of each sequence's cache. Hq % Hkv == 0 (GQA).
+///   length of each sequence's cache. Hq % Hkv == 0 (GQA). With options.block_table the
+///   caches are page pools [num_pages, page_size, Hkv, E/Ev] instead (paged KV cache:
+///   every row below is found through the table; pages are read and written in place).
 /// In order: rotates q and options.k_new by the rotary tables (k_new at positions
 /// cache_seqlens[b] + i; q likewise when causal or windowed, else all at cache_seqlens[b],
 /// flash-attn's convention); writes k_new / v_new into the caches at rows
@@ -39,8 +46,9 @@ struct KvCacheOptions : SequenceOptions {
 /// row that sees no key gives out 0 and lse -inf.
 /// Throws sdpa::Error naming the argument for any shape, dtype, device or value that does
 /// not fit (a length past the cache's capacity, a rotary table too short, non-int32
-/// cache_seqlens, ALiBi together with soft-capping); every check runs before the caches
-/// are written, so a refused call leaves them untouched.
+/// cache_seqlens, ALiBi together with soft-capping, a block_table entry outside the pool
+/// for a page a sequence uses); every check runs before the caches are written, so a
+/// refused call leaves them untouched.
 AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
                                        const Tensor& v_cache, const Tensor& cache_seqlens,
                                        const KvCacheOptions& options = {});

@@ -81,6 +81,19 @@ struct DropoutParams {
 
 class AttnBias;
 
+/// A paged KV cache (the layout vLLM, FlashInfer and flash-attn share): key j of batch b
+/// is row j % page_size of page block_table[b][j / page_size] of the page pools
+/// [num_pages, page_size, Hkv, E] / [..., Ev]. AttentionParams::k / v are then views
+/// [B, Hkv, S, E] of the pools whose strides address rows within one page only (batch
+/// stride 0); the CPU kernels read every row through the table (cpu/kv_rows.h). Set only
+/// by the serving entry points (attention_with_kvcache with a block_table).
+struct KvPages {
+  Tensor block_table;  ///< int32 [B, max_pages], entries checked against num_pages
+  int64_t page_size = 0;
+  int64_t k_page_stride = 0, v_page_stride = 0;  ///< elements from one page to the next
+  Tensor k_pool, v_pool;  ///< the pools the views point into (kept alive)
+};
+
 /// The largest size of any query/key/value dimension: 2^62, far above any memory (inputs
 /// may be broadcast views); kernels round sizes up to tiles without overflowing below it.
 inline constexpr int64_t kMaxAttentionExtent = int64_t{1} << 62;
@@ -117,6 +130,8 @@ struct AttentionParams {
   bool deterministic = false;
   /// CUDA tensors: the cudaStream_t the kernels are queued on (null: legacy default).
   void* stream = nullptr;
+  /// k / v read through a page table (KvPages); null for ordinary strided k / v.
+  std::shared_ptr<const KvPages> kv_pages;
 
   int64_t group_size() const { return num_heads_kv == 0 ? 1 : num_heads_q / num_heads_kv; }
   bool has_dropout() const { return dropout.p > 0.0; }

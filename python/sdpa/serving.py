@@ -33,7 +33,7 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cache_seqlens: An
                            causal: bool = False, window_size: tuple = (-1, -1),
                            alibi_slopes: Optional[Sequence[float]] = None,
                            softcap: float = 0.0, scale: Optional[float] = None,
-                           return_lse: bool = False) -> Any:
+                           return_lse: bool = False, block_table: Any = None) -> Any:
     """Attention of ``q`` against a KV cache, appending ``k_new``/``v_new`` in place first.
 
     q [B, L, Hq, E]; k_cache [B, S_max, Hkv, E] and v_cache [B, S_max, Hkv, Ev] of q's
@@ -48,12 +48,18 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cache_seqlens: An
     alibi_slopes [Hq]; softcap: cap * tanh(score / cap) when > 0 (not with alibi_slopes).
     Returns out [B, L, Hq, Ev], and lse float32 [B, Hq, L] with ``return_lse``. Raises
     sdpa.Error naming the argument for bad input, before anything is written.
+
+    Paged cache (vLLM / FlashInfer / flash-attn layout): with ``block_table`` int32
+    [B, max_pages], k_cache / v_cache are page pools [num_pages, page_size, Hkv, E/Ev] and
+    sequence b's position j is row j % page_size of page block_table[b][j // page_size];
+    pages are read and written in place, and each sequence holds up to max_pages *
+    page_size positions.
     """
     batch = getattr(q, "shape", (0,))[0]
     out, lse, _ = _C.attention_with_kvcache(
         q, k_cache, v_cache, _seqlens(cache_seqlens, batch), k_new, v_new, rotary_cos,
         rotary_sin, bool(rotary_interleaved),
-        *_sequence_args(causal, window_size, alibi_slopes, softcap, scale))
+        *_sequence_args(causal, window_size, alibi_slopes, softcap, scale), block_table)
     out = _convert.like(out, q)
     return (out, _convert.like(lse, q)) if return_lse else out
 

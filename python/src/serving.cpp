@@ -37,7 +37,8 @@ nb::tuple attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_
                                  nb::handle rotary_cos, nb::handle rotary_sin,
                                  bool rotary_interleaved, bool causal, int64_t window_left,
                                  int64_t window_right, std::vector<float> alibi_slopes,
-                                 double softcap, std::optional<double> scale) {
+                                 double softcap, std::optional<double> scale,
+                                 nb::handle block_table) {
   const Tensor query = import_array(q, "q");
   const Tensor keys = import_array(k_cache, "k_cache");
   const Tensor values = import_array(v_cache, "v_cache");
@@ -48,6 +49,7 @@ nb::tuple attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_
   o.rotary_cos = optional_array(rotary_cos, "rotary_cos");
   o.rotary_sin = optional_array(rotary_sin, "rotary_sin");
   o.rotary_interleaved = rotary_interleaved;
+  o.block_table = optional_array(block_table, "block_table");
   static_cast<SequenceOptions&>(o) = sequence_options(causal, window_left, window_right,
                                                       std::move(alibi_slopes), softcap, scale);
   AttentionResult r;
@@ -125,7 +127,7 @@ void bind_serving(nb::module_& m) {
         nb::arg("v_new").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
         nb::arg("rotary_interleaved"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("alibi_slopes"), nb::arg("softcap"),
-        nb::arg("scale").none());
+        nb::arg("scale").none(), nb::arg("block_table").none());
   m.def("attention_varlen", &attention_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"), nb::arg("causal"), nb::arg("window_left"),

@@ -76,8 +76,10 @@ def test_flash_attn_refuses_what_it_cannot_run(rng):
     q = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)
     with pytest.raises(sdpa.Error, match="dropout_p: sdpa.compat.flash_attn has no"):
         fa.flash_attn_func(q, q, q, dropout_p=0.1)
+    cu = np.array([0, 4], np.int32)
     with pytest.raises(sdpa.Error, match="block_table"):
-        fa.flash_attn_with_kvcache(q, q, q, cache_seqlens=2, block_table=np.zeros((1, 1), np.int32))
+        fa.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 4, 4,
+                                  block_table=np.zeros((1, 1), np.int32))
     with pytest.raises(sdpa.Error, match="cache_seqlens: expected the cache lengths"):
         fa.flash_attn_with_kvcache(q, q, q, k=q[:, :1], v=q[:, :1])
 

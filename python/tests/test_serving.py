@@ -77,3 +77,39 @@ def test_merge_matches_attention_over_all_keys(rng):
     want, want_lse, _ = forward(q, k, v)
     np.testing.assert_allclose(out, want, **tolerance(np.float32))
     np.testing.assert_allclose(lse, want_lse, atol=1e-5)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_paged_cache_matches_contiguous(rng, page_size):
+    B, S_max, Hq, Hkv, E, L = 3, 128, 4, 2, 16, 2
+    lengths = np.array([0, 37, 120], np.int32)
+    q = rng.standard_normal((B, L, Hq, E)).astype(np.float32)
+    k_cache = rng.standard_normal((B, S_max, Hkv, E)).astype(np.float32)
+    v_cache = rng.standard_normal((B, S_max, Hkv, E)).astype(np.float32)
+    k_new = rng.standard_normal((B, L, Hkv, E)).astype(np.float32)
+    v_new = rng.standard_normal((B, L, Hkv, E)).astype(np.float32)
+    pages = S_max // page_size
+    ids = rng.permutation(B * pages + 2).astype(np.int32)  # shuffled, two spare pages
+    table = ids[:B * pages].reshape(B, pages)
+    k_pool = np.zeros((B * pages + 2, page_size, Hkv, E), np.float32)
+    v_pool = np.zeros_like(k_pool)
+    k_pool[table] = k_cache.reshape(B, pages, page_size, Hkv, E)
+    v_pool[table] = v_cache.reshape(B, pages, page_size, Hkv, E)
+    want, want_lse = sdpa.attention_with_kvcache(q, k_cache, v_cache, lengths, k_new, v_new,
+                                                 causal=True, return_lse=True)
+    got, lse = sdpa.attention_with_kvcache(q, k_pool, v_pool, lengths, k_new, v_new,
+                                           causal=True, return_lse=True, block_table=table)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=2e-6)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=2e-6)
+    np.testing.assert_array_equal(k_pool[table].reshape(B, S_max, Hkv, E), k_cache)  # appended
+    np.testing.assert_array_equal(v_pool[table].reshape(B, S_max, Hkv, E), v_cache)
+
+
+def test_paged_cache_bad_table_writes_nothing(rng):
+    q = rng.standard_normal((1, 1, 2, 8)).astype(np.float32)
+    k_pool = rng.standard_normal((2, 4, 2, 8)).astype(np.float32)
+    before = k_pool.copy()
+    with pytest.raises(sdpa.Error, match=r"block_table\[0\]\[1\] = 7"):
+        sdpa.attention_with_kvcache(q, k_pool, k_pool.copy(), np.array([5], np.int32),
+                                    q[:, :, :, :], q.copy(), block_table=np.array([[0, 7]], np.int32))
+    np.testing.assert_array_equal(k_pool, before)

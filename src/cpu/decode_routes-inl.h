@@ -69,7 +69,9 @@ HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
 // end too: the next chunk is usually this thread's next item (flash_decode.cpp).
 HWY_INLINE RowsAhead NextTileRows(const RowView& rows, int64_t j0, int64_t S) {
   const int64_t next = j0 + kBlockKv;
-  return {next < S ? rows.row_data(next) : nullptr, std::clamp<int64_t>(S - next, 0, kBlockKv),
+  if (next >= S) return {nullptr, 0, rows.element_bytes()};
+  // Rows one stride apart only (a paged view's run ends with its page).
+  return {rows.row_data(next), std::min({S - next, kBlockKv, rows.rows_in_run(next)}),
           rows.element_bytes()};
 }
 

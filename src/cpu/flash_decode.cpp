@@ -39,7 +39,9 @@ DecodeScratch::DecodeScratch(const AttentionParams& params, bool bf16_dot)
       value_rows_in_place(in_place(params.v)),
       kv_rows(kv_rows_of(params.k.dtype())),
       flex(params.mask, kBlockKv) {
-  bf16_keys = bf16_dot && key_rows_in_place;
+  // vdpbf16ps reads runs of up to a key tile of rows by one stride: not across pages.
+  const bool tile_runs = !params.kv_pages || params.kv_pages->page_size % kBlockKv == 0;
+  bf16_keys = bf16_dot && key_rows_in_place && tile_runs;
   bf16_values = bf16_keys && value_rows_in_place;
   // The bf16 slots hold two elements per float.
   const int64_t sizes[] = {kDecodeMaxRows * head_dim_qk_padded, kDecodeMaxRows * kBlockKv,

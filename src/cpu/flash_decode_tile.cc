@@ -17,6 +17,7 @@
 #include "cpu/decode_bf16_avx3-inl.h"
 #include "cpu/decode_routes-inl.h"
 #include "cpu/flash_decode.h"
+#include "cpu/kv_rows.h"
 #include "cpu/kernel_context.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/highway.h"
@@ -97,7 +98,7 @@ void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const Decod
                      DecodeScratch& ws, const SoftmaxRows& out) {
   const int64_t L = p.q_len, S = p.kv_len, G = p.group_size(), rows = G * L;
   const int64_t b = item.b, hk = item.hk;
-  const RowView k_rows(p.k, b, hk), v_rows(p.v, b, hk);
+  const RowView k_rows = key_rows(p, b, hk), v_rows = value_rows(p, b, hk);
   using ValueRoute = decltype(routes.values);
   // The running state, m / l / alpha in whole vectors of rows (SoftmaxTile reads them so),
   // o in `out`; m and l are copied out at the end.

@@ -13,6 +13,7 @@
 #include "cpu/kernels.h"
 #include "cpu/mask_rows.h"
 #include "cpu/online_softmax.h"
+#include "cpu/kv_rows.h"
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
@@ -44,7 +45,7 @@ void forward_head(const AttentionParams& p, int64_t bh, MathBuffers<Acc>& buf, c
   const Acc scale = static_cast<Acc>(p.scale);
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
   const int64_t hk = h / p.group_size();
-  const RowView q_rows(p.q, b, h), k_rows(p.k, b, hk), v_rows(p.v, b, hk);
+  const RowView q_rows(p.q, b, h), k_rows = key_rows(p, b, hk), v_rows = value_rows(p, b, hk);
   const RowView out_rows(out, b, h);
   const DenseMaskRows dense(p.mask, b, h);
   const HeadMasking masking{p.mask, dense, &buf.flex, b, h, L, S};

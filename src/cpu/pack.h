@@ -13,6 +13,7 @@
 #include "cpu/flash_tile.h"
 #include "cpu/matrix_view.h"
 #include "cpu/pack_bf16.h"
+#include "cpu/kv_rows.h"
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
@@ -70,8 +71,9 @@ class PackedKv {
         head_dim_qk_(p.head_dim_qk),
         head_dim_vo_padded_(round_up(std::max<int64_t>(p.head_dim_vo, 1), kMaxLanes)),
         bf16_pairs_(bf16_pairs),
+        // A tile's value rows read in place need one stride between them: not across pages.
         v_in_place_(!bf16_pairs && p.v.dtype() == DType::kFloat32 && p.v.stride(3) == 1 &&
-                    head_dim_vo_padded_ == p.head_dim_vo),
+                    head_dim_vo_padded_ == p.head_dim_vo && !p.kv_pages),
         tile_floats_(bf16_pairs ? round_up((round_up(head_dim_qk_, 2) + head_dim_vo_padded_) *
                                                kBlockKv / 2,
                                            kMaxLanes)
@@ -103,7 +105,7 @@ class PackedKv {
     if (ready.load(std::memory_order_acquire) != generation) {
       int64_t seen = claimed.load(std::memory_order_relaxed);
       if (seen != generation && claimed.compare_exchange_strong(seen, generation)) {
-        pack(RowView(p.k, b, hk), RowView(p.v, b, hk), tile, base(slot_tile), row_tmp);
+        pack(key_rows(p, b, hk), value_rows(p, b, hk), tile, base(slot_tile), row_tmp);
         ready.store(generation, std::memory_order_release);
       } else {
         while (ready.load(std::memory_order_acquire) != generation) std::this_thread::yield();

@@ -4,8 +4,10 @@
 
 #include <immintrin.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "hwy/targets.h"
@@ -61,9 +63,27 @@ __attribute__((target("avx,f16c"))) inline void FloatRowToHalf(const float* src,
   for (; c < n; ++c) dst[c] = _cvtss_sh(src[c], _MM_FROUND_TO_NEAREST_INT);
 }
 
-/// Rows of one (batch, head) slice of a 4-D tensor.
+/// Where the rows of a paged view live (KvPages): row r is row r % page_size of page
+/// table[r / page_size], pages page_stride elements apart.
+struct PagedRows {
+  const int32_t* table = nullptr;  ///< the batch's block_table row
+  int64_t page_size = 1;
+  int64_t page_stride = 0;
+};
+
+/// Rows of one (batch, head) slice of a 4-D tensor (or of a paged view: PagedRows).
 class RowView {
  public:
+  /// Rows of a paged view: t's strides address rows within a page, `pages` the pages.
+  RowView(const Tensor& t, int64_t b, int64_t h, const PagedRows& pages) : RowView(t, b, h) {
+    pages_ = pages.table;
+    page_size_ = pages.page_size;
+    page_stride_ = pages.page_stride;
+    page_shift_ = (page_size_ & (page_size_ - 1)) == 0 ? std::countr_zero(
+                                                             static_cast<uint64_t>(page_size_))
+                                                       : -1;
+  }
+
   RowView(const Tensor& t, int64_t b, int64_t h)
       : element_bytes_(static_cast<int64_t>(element_size(t.dtype()))),
         // An empty tensor (E = 0 included) has no address to offset: loads and stores
@@ -85,8 +105,11 @@ class RowView {
   int64_t row_stride() const { return stride_row_; }
   int64_t element_bytes() const { return element_bytes_; }
   /// Address of row r's first element (stored dtype).
-  const void* row_data(int64_t r) const {
-    return base_ + r * stride_row_ * element_bytes_;
+  const void* row_data(int64_t r) const { return row_address(r); }
+  /// How many rows from r on lie row_stride() apart from row_data(r): all of them, or the
+  /// rest of r's page for a paged view.
+  int64_t rows_in_run(int64_t r) const {
+    return pages_ == nullptr ? std::numeric_limits<int64_t>::max() : page_size_ - r % page_size_;
   }
 
   /// dst[c] = row[r][c] * multiplier for c < cols().
@@ -122,19 +145,23 @@ class RowView {
   }
 
  private:
-  uint16_t* half_row(int64_t r) const {
-    return reinterpret_cast<uint16_t*>(base_) + r * stride_row_;
+  char* row_address(int64_t r) const {
+    if (pages_ == nullptr) return base_ + r * stride_row_ * element_bytes_;
+    const int64_t page = page_shift_ >= 0 ? r >> page_shift_ : r / page_size_;
+    const int64_t within = r - page * page_size_;
+    return base_ + (pages_[page] * page_stride_ + within * stride_row_) * element_bytes_;
   }
+  uint16_t* half_row(int64_t r) const { return reinterpret_cast<uint16_t*>(row_address(r)); }
   template <typename S, typename T>
   void load_as(int64_t r, T* dst, T multiplier) const {
-    const S* row = reinterpret_cast<const S*>(base_) + r * stride_row_;
+    const S* row = reinterpret_cast<const S*>(row_address(r));
     for (int64_t c = 0; c < cols_; ++c) {
       dst[c] = static_cast<T>(widen(row[c * stride_col_])) * multiplier;
     }
   }
   template <typename S, typename T>
   void store_as(int64_t r, const T* src) const {
-    S* row = reinterpret_cast<S*>(base_) + r * stride_row_;
+    S* row = reinterpret_cast<S*>(row_address(r));
     for (int64_t c = 0; c < cols_; ++c) row[c * stride_col_] = narrow<S>(src[c]);
   }
 
@@ -145,6 +172,11 @@ class RowView {
   int64_t stride_col_;
   int64_t cols_;
   bool f16c_;  // float16 with unit column stride on an F16C CPU
+  // Paged views (PagedRows): the table, null otherwise.
+  const int32_t* pages_ = nullptr;
+  int64_t page_size_ = 1;
+  int64_t page_stride_ = 0;
+  int page_shift_ = -1;  // log2(page_size_) when a power of two
 };
 
 }  // namespace sdpa::cpu

@@ -6,24 +6,15 @@
 
 #include "sdpa/error.h"
 #include "sdpa/kv_cache.h"
+#include "serving/cache_layout.h"
 #include "serving/sequence_mask.h"
 
 namespace sdpa {
 namespace {
 
-void check_4d(const Tensor& t, const char* name, const char* layout) {
-  SDPA_CHECK(t.defined(), name, ": expected a tensor ", layout, ", got none");
-  SDPA_CHECK(t.dim() == 4, name, ": expected a 4-D tensor ", layout, ", got ",
-             shape_str(t.sizes()));
-  SDPA_CHECK(t.device() == Device{}, name, ": attention_with_kvcache takes CPU tensors, got ",
-             device_name(t.device()));
-}
+using serving::check_4d;
+using serving::check_size;
 
-void check_size(const Tensor& t, const char* name, int64_t dim, int64_t expected,
-                const char* what) {
-  SDPA_CHECK(t.size(dim) == expected, name, ": expected ", what, " = ", expected,
-             " (dimension ", dim, "), got ", t.size(dim), " in ", shape_str(t.sizes()));
-}
 
 // The valid cache lengths, checked against the capacity left for `new_len` keys.
 std::vector<int64_t> read_seqlens(const Tensor& cache_seqlens, int64_t batch, int64_t capacity,
@@ -57,21 +48,12 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
                                        const Tensor& v_cache, const Tensor& cache_seqlens,
                                        const KvCacheOptions& o) {
   check_4d(q, "q", "[B, L, Hq, E]");
-  check_4d(k_cache, "k_cache", "[B, S_max, Hkv, E]");
-  check_4d(v_cache, "v_cache", "[B, S_max, Hkv, Ev]");
   const int64_t B = q.size(0), L = q.size(1), Hq = q.size(2), E = q.size(3);
-  const int64_t S_max = k_cache.size(1), Hkv = k_cache.size(2), Ev = v_cache.size(3);
   SDPA_CHECK(q.dtype() == DType::kFloat32 || q.dtype() == DType::kBFloat16 ||
                  q.dtype() == DType::kFloat16,
              "q: expected float32, bfloat16 or float16, got ", dtype_name(q.dtype()));
-  for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, std::pair{&v_cache, "v_cache"}}) {
-    SDPA_CHECK(t->dtype() == q.dtype(), name, ": expected q's dtype ", dtype_name(q.dtype()),
-               ", got ", dtype_name(t->dtype()));
-    check_size(*t, name, 0, B, "the batch size B of q");
-    check_size(*t, name, 1, S_max, "the capacity S_max of k_cache");
-    check_size(*t, name, 2, Hkv, "the kv head count Hkv of k_cache");
-  }
-  check_size(k_cache, "k_cache", 3, E, "the head dimension E of q");
+  const serving::CacheLayout cache(k_cache, v_cache, o.block_table, B, q.dtype(), E);
+  const int64_t Hkv = cache.kv_heads(), Ev = cache.value_dim();
   SDPA_CHECK(Hkv > 0 && Hq % Hkv == 0, "q: the query head count ", Hq,
              " must be a multiple of the cache's kv head count ", Hkv, " (GQA)");
   SDPA_CHECK(o.k_new.defined() == o.v_new.defined(),
@@ -94,7 +76,8 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
     check_size(o.k_new, "k_new", 3, E, "the head dimension E");
     check_size(o.v_new, "v_new", 3, Ev, "the value head dimension Ev of v_cache");
   }
-  const std::vector<int64_t> cached = read_seqlens(cache_seqlens, B, S_max, new_len);
+  const std::vector<int64_t> cached = read_seqlens(cache_seqlens, B, cache.capacity(), new_len);
+  for (int64_t b = 0; b < B; ++b) cache.check_pages(b, cached[static_cast<size_t>(b)] + new_len);
   serving::check_sequence_options(o, Hq);
   SDPA_CHECK(o.rotary_cos.defined() == o.rotary_sin.defined(),
              "rotary_cos / rotary_sin: expected both or neither");
@@ -118,14 +101,13 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
     const int64_t n = cached[static_cast<size_t>(b)] + new_len;
     calls.emplace_back(o, L, n, Hq != Hkv);
     // Validates the call (scale, mask sizes) before the append.
-    calls.back().check(heads_first(q_run, b, L), heads_first(k_cache, b, n),
-                       heads_first(v_cache, b, n));
+    calls.back().check(heads_first(q_run, b, L), cache.rows(false, b, n), cache.rows(true, b, n));
   }
 
   for (int64_t b = 0; b < B && new_len > 0; ++b) {
     const int64_t at = cached[static_cast<size_t>(b)];
-    k_cache.select(0, b).slice(0, at, at + new_len).copy_(k_append.select(0, b));
-    v_cache.select(0, b).slice(0, at, at + new_len).copy_(o.v_new.select(0, b));
+    cache.write(false, b, at, k_append.select(0, b));
+    cache.write(true, b, at, o.v_new.select(0, b));
   }
 
   AttentionResult result;
@@ -133,9 +115,8 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
   result.lse = Tensor::empty({B, Hq, L}, DType::kFloat32);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = cached[static_cast<size_t>(b)] + new_len;
-    const Tensor qb = heads_first(q_run, b, L), kb = heads_first(k_cache, b, n),
-                 vb = heads_first(v_cache, b, n);
-    const AttentionResult r = calls[static_cast<size_t>(b)].forward(qb, kb, vb);
+    const AttentionResult r = calls[static_cast<size_t>(b)].forward(
+        heads_first(q_run, b, L), cache.rows(false, b, n), cache.rows(true, b, n), cache.pages(b));
     result.out.select(0, b).copy_(r.out.select(0, 0).transpose(0, 1));
     result.lse.select(0, b).copy_(r.lse.select(0, 0));
     result.backend = r.backend;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "dispatch/lowering.h"
 #include "sdpa/attn_bias.h"
 #include "sdpa/error.h"
 #include "sdpa/flex_attention.h"
@@ -61,9 +62,16 @@ void SequenceCall::check(const Tensor& q, const Tensor& k, const Tensor& v) cons
   (void)make_params(q, k, v, options);
 }
 
-AttentionResult SequenceCall::forward(const Tensor& q, const Tensor& k, const Tensor& v) const {
-  return softcap ? flex_attention(q, k, v, softcap, nullptr, options)
-                 : scaled_dot_product_attention_with_lse(q, k, v, options);
+AttentionResult SequenceCall::forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const std::shared_ptr<const KvPages>& pages) const {
+  if (!pages) {
+    return softcap ? flex_attention(q, k, v, softcap, nullptr, options)
+                   : scaled_dot_product_attention_with_lse(q, k, v, options);
+  }
+  AttentionParams p = make_params(q, k, v, options);
+  if (softcap) p.mask.score_mod = std::make_shared<const flex::Program>(*softcap);
+  p.kv_pages = pages;
+  return run_forward(p);
 }
 
 AttentionGradients SequenceCall::backward(const Tensor& grad_out, const Tensor& q,

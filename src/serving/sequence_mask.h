@@ -4,6 +4,7 @@
 // backward, on [1, H, n, E] views of one sequence.
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 #include "sdpa/flex.h"
@@ -25,7 +26,9 @@ struct SequenceCall {
   SequenceCall(const SequenceOptions& o, int64_t q_len, int64_t kv_len, bool gqa);
   /// Validates the call (shapes, mask sizes) without running it.
   void check(const Tensor& q, const Tensor& k, const Tensor& v) const;
-  AttentionResult forward(const Tensor& q, const Tensor& k, const Tensor& v) const;
+  /// `pages`: k / v are views of a paged cache read through it (CacheLayout::rows).
+  AttentionResult forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const std::shared_ptr<const KvPages>& pages = nullptr) const;
   AttentionGradients backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse) const;
 };

@@ -8,8 +8,8 @@ scaled scores. Replace ``from flash_attn import flash_attn_func`` with
 Differences, each raising sdpa.Error rather than computing something else:
 ``dropout_p > 0`` (use ``sdpa.torch.scaled_dot_product_attention`` for attention dropout),
 ``return_attn_probs`` (flash-attn's S_dmask is a debugging output; the logsumexp is
-returned as its second element), and the paged-cache / batch-index arguments of
-``flash_attn_with_kvcache`` (``block_table``, ``cache_batch_idx``, ``cache_leftpad``).
+returned as its second element), ``flash_attn_varlen_func``'s ``block_table``, and
+``flash_attn_with_kvcache``'s ``cache_batch_idx`` and ``cache_leftpad``.
 ``deterministic`` is accepted: every sdpa CPU path is deterministic.
 """
 
@@ -124,16 +124,19 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any = None, v
     """flash_attn_with_kvcache: q [B, Sq, Hq, E], caches [B, S_max, Hkv, E/Ev], k/v new
     keys appended in place at cache_seqlens (int or int32 [B]; None: the whole cache is
     valid, and then nothing can be appended). rotary_interleaved defaults to True as in
-    flash-attn. num_splits is accepted (sdpa splits the keys itself). Returns out
+    flash-attn. block_table int32 [B, max_pages]: the caches are page pools [num_pages,
+    page_size, Hkv, E/Ev] (paged KV cache, read in place). num_splits is accepted (sdpa
+    splits the keys itself). Returns out
     [B, Sq, Hq, Ev]; with return_softmax_lse (out, lse [B, Hq, Sq])."""
     _refuse(cache_batch_idx is not None, "cache_batch_idx", "cache batch index")
     _refuse(cache_leftpad is not None, "cache_leftpad", "left-padded cache")
-    _refuse(block_table is not None, "block_table", "paged KV cache")
     if cache_seqlens is None:
         if k is not None:
             raise _C.Error("cache_seqlens: expected the cache lengths when appending k/v "
                            "(None means the whole cache is valid)")
-        cache_seqlens = int(k_cache.shape[1])
+        cache_seqlens = int(k_cache.shape[1]) * (1 if block_table is None else
+                                                 int(block_table.shape[1]))
     return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos,
                                   rotary_sin, rotary_interleaved, causal, window_size,
-                                  alibi_slopes, softcap, softmax_scale, return_softmax_lse)
+                                  alibi_slopes, softcap, softmax_scale, return_softmax_lse,
+                                  block_table)

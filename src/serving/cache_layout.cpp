@@ -1,0 +1,112 @@
+#include "serving/cache_layout.h"
+
+#include <string>
+
+#include "sdpa/error.h"
+
+namespace sdpa::serving {
+void check_4d(const Tensor& t, const char* name, const char* layout) {
+  SDPA_CHECK(t.defined(), name, ": expected a tensor ", layout, ", got none");
+  SDPA_CHECK(t.dim() == 4, name, ": expected a 4-D tensor ", layout, ", got ",
+             shape_str(t.sizes()));
+  SDPA_CHECK(t.device() == Device{}, name, ": attention_with_kvcache takes CPU tensors, got ",
+             device_name(t.device()));
+}
+
+void check_size(const Tensor& t, const char* name, int64_t dim, int64_t expected,
+                const char* what) {
+  SDPA_CHECK(t.size(dim) == expected, name, ": expected ", what, " = ", expected,
+             " (dimension ", dim, "), got ", t.size(dim), " in ", shape_str(t.sizes()));
+}
+
+
+CacheLayout::CacheLayout(const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
+                         int64_t batch, DType dtype, int64_t head_dim)
+    : k_cache_(k_cache), v_cache_(v_cache) {
+  const bool paged = block_table.defined();
+  const char* k_layout = paged ? "[num_pages, page_size, Hkv, E]" : "[B, S_max, Hkv, E]";
+  const char* v_layout = paged ? "[num_pages, page_size, Hkv, Ev]" : "[B, S_max, Hkv, Ev]";
+  check_4d(k_cache, "k_cache", k_layout);
+  check_4d(v_cache, "v_cache", v_layout);
+  kv_heads_ = k_cache.size(2);
+  value_dim_ = v_cache.size(3);
+  for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, std::pair{&v_cache, "v_cache"}}) {
+    SDPA_CHECK(t->dtype() == dtype, name, ": expected q's dtype ", dtype_name(dtype), ", got ",
+               dtype_name(t->dtype()));
+    if (paged) {
+      check_size(*t, name, 0, k_cache.size(0), "num_pages of k_cache");
+      check_size(*t, name, 1, k_cache.size(1), "page_size of k_cache");
+    } else {
+      check_size(*t, name, 0, batch, "the batch size B of q");
+      check_size(*t, name, 1, k_cache.size(1), "the capacity S_max of k_cache");
+    }
+    check_size(*t, name, 2, kv_heads_, "the kv head count Hkv of k_cache");
+  }
+  check_size(k_cache, "k_cache", 3, head_dim, "the head dimension E of q");
+  if (!paged) {
+    capacity_ = k_cache.size(1);
+    return;
+  }
+  SDPA_CHECK(block_table.dtype() == DType::kInt32 && block_table.dim() == 2 &&
+                 block_table.size(0) == batch,
+             "block_table: expected an int32 tensor [B = ", batch, ", max_pages], got ",
+             dtype_name(block_table.dtype()), " ", shape_str(block_table.sizes()));
+  SDPA_CHECK(block_table.device() == Device{}, "block_table: expected a CPU tensor, got ",
+             device_name(block_table.device()));
+  const int64_t page_size = k_cache.size(1);
+  SDPA_CHECK(page_size >= 1, "k_cache: expected page_size >= 1, got 0");
+  auto pages = std::make_shared<KvPages>();
+  pages->block_table = block_table.contiguous();
+  pages->page_size = page_size;
+  pages->k_page_stride = k_cache.stride(0);
+  pages->v_page_stride = v_cache.stride(0);
+  pages->k_pool = k_cache;
+  pages->v_pool = v_cache;
+  capacity_ = block_table.size(1) * page_size;
+  pages_ = std::move(pages);
+}
+
+void CacheLayout::check_pages(int64_t b, int64_t n) const {
+  if (!pages_) return;
+  const int32_t* table = pages_->block_table.data<int32_t>() + b * pages_->block_table.size(1);
+  const int64_t num_pages = k_cache_.size(0);
+  for (int64_t i = 0; i * pages_->page_size < n; ++i) {
+    SDPA_CHECK(table[i] >= 0 && table[i] < num_pages, "block_table[", b, "][", i, "] = ",
+               table[i], " is outside the cache's ", num_pages, " pages (it holds positions ",
+               i * pages_->page_size, "... of sequence ", b, ")");
+  }
+}
+
+std::shared_ptr<const KvPages> CacheLayout::pages(int64_t b) const {
+  if (!pages_) return nullptr;
+  auto sequence = std::make_shared<KvPages>(*pages_);
+  sequence->block_table = pages_->block_table.slice(0, b, b + 1);
+  return sequence;
+}
+
+Tensor CacheLayout::rows(bool values, int64_t b, int64_t n) const {
+  const Tensor& cache = values ? v_cache_ : k_cache_;
+  if (!pages_) return cache.select(0, b).slice(0, 0, n).transpose(0, 1).unsqueeze(0);
+  // Rows within a page only: the kernels find each row's page through the table. The
+  // first page's address is a valid base even for rows the table places elsewhere.
+  return Tensor::from_blob(cache.data_ptr(), {1, kv_heads_, n, cache.size(3)},
+                           {0, cache.stride(2), cache.stride(1), cache.stride(3)},
+                           cache.dtype());
+}
+
+void CacheLayout::write(bool values, int64_t b, int64_t at, const Tensor& rows) const {
+  const Tensor& cache = values ? v_cache_ : k_cache_;
+  if (!pages_) {
+    cache.select(0, b).slice(0, at, at + rows.size(0)).copy_(rows);
+    return;
+  }
+  const int32_t* table = pages_->block_table.data<int32_t>() + b * pages_->block_table.size(1);
+  const int64_t page_size = pages_->page_size;
+  for (int64_t i = 0; i < rows.size(0); ++i) {
+    const int64_t position = at + i;
+    cache.select(0, table[position / page_size]).select(0, position % page_size)
+        .copy_(rows.select(0, i));
+  }
+}
+
+}  // namespace sdpa::serving
