@@ -190,6 +190,27 @@ def render_decode(doc: dict) -> list[str]:
                  "decode / copy", "≥ 0.8"], rows) + [""])
 
 
+def render_paged_decode(doc: dict) -> list[str]:
+    cfg, r = doc["config"], doc["results"]
+    over_copy, over_contiguous = r["paged_over_copy"], r["paged_over_contiguous"]
+    return (["### Paged KV-cache decode", ""] + command_block(doc["command"]) + para(
+        f"One decode step (L=1) of B={cfg['batch']} sequences of {cfg['min_kv_len']} to "
+        f"{cfg['max_kv_len']} keys ({r['kv_keys']} in all), Hq={cfg['heads_q']} "
+        f"Hkv={cfg['heads_kv']} E={cfg['head_dim']} {cfg['dtype']}, through "
+        "attention_with_kvcache: a paged cache (page size "
+        f"{cfg['page_size']}, pages shuffled through the pool) against contiguous caches "
+        "holding the same rows, and a threaded 256 MiB memcpy, timed interleaved (median "
+        f"of {count(cfg['rounds'], 'round')}); a read sweep evicts K/V before each call. "
+        "Targets: paged K/V read rate at least 0.8 of the copy's, paged time at most 1.1 "
+        "of the contiguous one.")
+        + table(["page size", "paged ms", "contiguous ms", "paged / contiguous", "≤ 1.1",
+                 "paged K/V GB/s", "copy GB/s", "paged / copy", "≥ 0.8"],
+                [[cfg["page_size"], fmt_ms(r["paged_ms"]), fmt_ms(r["contiguous_ms"]),
+                  f"{over_contiguous:.3f}", "✓" if over_contiguous <= 1.1 else "✗",
+                  fmt(r["paged_gbps"], 1), fmt(r["copy_gbps"], 1), f"{over_copy:.2f}",
+                  "✓" if over_copy >= 0.8 else "✗"]]) + [""])
+
+
 def pct_text(r: dict) -> str:
     if r["pct_of_peak"] is None:
         return "-"
@@ -271,6 +292,7 @@ RENDERERS = {
     "mask_ratios": render_mask_ratios,
     "block_mask_build": render_block_mask_build,
     "decode_bandwidth": render_decode,
+    "paged_decode": render_paged_decode,
     "compare_torch": render_compare_torch,
     "compare_torch_small": render_small_calls,
 }

@@ -23,7 +23,8 @@ python=${SDPA_PYTHON:-python3}
 threads=${SDPA_BENCH_THREADS:-$(nproc)}
 out=bench/results/$1
 for program in "$build/tools/sdpa" "$build/bench/sdpa_mask_ratios" \
-               "$build/bench/sdpa_block_mask_build" "$build/bench/sdpa_decode_bandwidth"; do
+               "$build/bench/sdpa_block_mask_build" "$build/bench/sdpa_decode_bandwidth" \
+               "$build/bench/sdpa_paged_decode"; do
   [[ -x $program ]] || { echo "missing $program: build the release preset first" >&2; exit 1; }
 done
 mkdir -p "$out"
@@ -49,6 +50,8 @@ step "create_block_mask at L=131072"
 "$build/bench/sdpa_block_mask_build" --json "$out/block_mask_build.json"
 step "decode bandwidth"
 "$build/bench/sdpa_decode_bandwidth" 30 --json "$out/decode_bandwidth.json"
+step "paged KV-cache decode (about 5 GB of K/V)"
+"$build/bench/sdpa_paged_decode" 7 16 --json "$out/paged_decode.json"
 step "comparison with torch"
 if "$python" -c "import torch, sdpa" 2>/dev/null; then
   # It exits 1 when a case disagrees with torch, after writing its JSON (the page marks

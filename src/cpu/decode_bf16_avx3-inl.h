@@ -87,10 +87,23 @@ struct Bf16Values {
     // streams values during P.v and keys during the scores, instead of idling through P.v
     // with both requested in bursts during the scores.
     const RowsAhead ahead = NextTileRows(v_rows, j0, call.S);
-    Bf16AccumulateValues({ws.p_bf16 + pair_begin, kBlockKv, call.rows},
-                         {static_cast<const uint16_t*>(v_rows.row_data(j0 + pair_begin)),
-                          v_rows.row_stride(), v_rows.cols(), c_end - pair_begin},
-                         {call.state.alpha, call.state.o, call.ev_pad}, ahead);
+    PrefetchRestOfNextTile(v_rows, j0, call.S, ahead.n);
+    // One pass per run of rows one stride apart: the whole tile, or each page of a paged
+    // cache (pages of whole 16-key groups, so every run but the last is even). Only the
+    // first pass rescales the accumulators.
+    static_assert(kDecodeMaxRows == 16);
+    HWY_ALIGN static constexpr float kNoRescale[kDecodeMaxRows] = {1, 1, 1, 1, 1, 1, 1, 1,
+                                                                   1, 1, 1, 1, 1, 1, 1, 1};
+    for (int64_t c = pair_begin; c < c_end;) {
+      const int64_t end = c + std::min(c_end - c, v_rows.rows_in_run(j0 + c));
+      Bf16AccumulateValues({ws.p_bf16 + c, kBlockKv, call.rows},
+                           {static_cast<const uint16_t*>(v_rows.row_data(j0 + c)),
+                            v_rows.row_stride(), v_rows.cols(), end - c},
+                           {c == pair_begin ? call.state.alpha : kNoRescale, call.state.o,
+                            call.ev_pad},
+                           end == c_end ? ahead : RowsAhead{});
+      c = end;
+    }
   }
   HWY_INLINE void Finish(const DecodeCall& call) const {
     static_assert(kDecodeRowPad % kValueBlock == 0);

@@ -75,6 +75,13 @@ HWY_INLINE RowsAhead NextTileRows(const RowView& rows, int64_t j0, int64_t S) {
           rows.element_bytes()};
 }
 
+// The next tile's rows that NextTileRows' run of `run` rows leaves out (the later pages
+// of a paged cache), requested one by one; none for strided rows.
+HWY_INLINE void PrefetchRestOfNextTile(const RowView& rows, int64_t j0, int64_t S, int64_t run) {
+  const int64_t next = j0 + kBlockKv, end = std::min(S, next + kBlockKv);
+  for (int64_t r = next + run; r < end; ++r) Prefetch(rows, r);
+}
+
 // ws.scores[r * kBlockKv + c] = q_r . key_c for rows r < call.rows and keys c in [c0, c1)
 // (multiples of the lane count): q_r row r of ws.q, key_c row c of ws.tile (both e_pad
 // long).
@@ -212,10 +219,12 @@ HWY_INLINE void AccumulateTileInPlace(const DecodeCall& call, int64_t j0, int64_
   HWY_ALIGN T tails[kBlockKv * kBlock];
   for (int64_t k = 0; k < n; ++k) values[k] = static_cast<const T*>(v_rows.row_data(first + k));
   if (full < Ev) GatherTails(values, n, full, Ev, tails);
+  const RowsAhead ahead = NextTileRows(v_rows, j0, call.S);
+  PrefetchRestOfNextTile(v_rows, j0, call.S, ahead.n);
   AccumulateValuesInPlace<kRows>({call.ws.scores + c_begin, kBlockKv, call.rows},
                                  {values, n, Ev, full, full < Ev ? tails : nullptr},
                                  {call.state.o, call.ev_pad, call.rows},
-                                 {NextTileRows(v_rows, j0, call.S), v_rows.row_stride()});
+                                 {ahead, v_rows.row_stride()});
 }
 
 /// Key route: key rows of unit stride read in place (widened in registers). bf16 rows

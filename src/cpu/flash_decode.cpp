@@ -39,8 +39,9 @@ DecodeScratch::DecodeScratch(const AttentionParams& params, bool bf16_dot)
       value_rows_in_place(in_place(params.v)),
       kv_rows(kv_rows_of(params.k.dtype())),
       flex(params.mask, kBlockKv) {
-  // vdpbf16ps reads runs of up to a key tile of rows by one stride: not across pages.
-  const bool tile_runs = !params.kv_pages || params.kv_pages->page_size % kBlockKv == 0;
+  // vdpbf16ps reads keys in runs of 16 rows one stride apart, which must not cross a page
+  // (values go page by page: Bf16Values).
+  const bool tile_runs = !params.kv_pages || params.kv_pages->page_size % 16 == 0;
   bf16_keys = bf16_dot && key_rows_in_place && tile_runs;
   bf16_values = bf16_keys && value_rows_in_place;
   // The bf16 slots hold two elements per float.
