@@ -21,6 +21,7 @@
 
 #include "common.h"
 #include "host.h"
+#include "memory_probe.h"
 
 using namespace sdpa;
 
@@ -59,36 +60,16 @@ int main(int argc, char** argv) {
     options.enable_gqa = true;
     // K and V, read once
     const size_t bytes = static_cast<size_t>(2 * Hkv * S * E) * element_size(dtype);
-    const size_t copy_bytes = size_t{256} << 20;
-    std::vector<char> src(copy_bytes, 1), dst(copy_bytes, 0);
-    // A read sweep of 64 MiB (twice the L3 of the machines we measure on) before the
-    // decode call evicts K/V and leaves clean lines, as other layers' K/V reads do in
-    // serving; right after the copy, the call would also write back the copy's dirty lines
-    // (timed too, for comparison).
-    const size_t sweep_bytes = size_t{64} << 20;
-    long sink = 0;
-    const auto copy = [&] {
-#pragma omp parallel
-      {
-        const size_t n = static_cast<size_t>(omp_get_num_threads());
-        const size_t i = static_cast<size_t>(omp_get_thread_num());
-        std::memcpy(dst.data() + copy_bytes * i / n, src.data() + copy_bytes * i / n,
-                    copy_bytes * (i + 1) / n - copy_bytes * i / n);
-      }
-    };
-    const auto sweep = [&] {
-      long sum = 0;
-#pragma omp parallel for reduction(+ : sum)
-      for (size_t j = 0; j < sweep_bytes; j += 64) sum += src[j];
-      sink += sum;
-    };
+    bench::MemoryProbe memory;
+    const auto copy = [&] { memory.copy(); };
+    const auto sweep = [&] { memory.sweep(); };
     const Tensor k_small = copy_to_small_pages(k), v_small = copy_to_small_pages(v);
     const auto decode = [&] { scaled_dot_product_attention(q, k, v, options); };
     const auto decode_small = [&] { scaled_dot_product_attention(q, k_small, v_small, options); };
     const auto t =
         bench::paired_median_ms({sweep, decode, copy, decode, sweep, decode_small, copy}, rounds);
     // The copy runs twice a round, once next to each decode: the mean of their medians.
-    const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / ((t[2] + t[6]) / 2 * 1e6);
+    const double copy_gbps = bench::MemoryProbe::copy_gbps((t[2] + t[6]) / 2);
     for (const auto& [name, ms] : {std::pair{"huge pages", t[1]}, std::pair{"4 KiB pages", t[5]}}) {
       const double decode_gbps = static_cast<double>(bytes) / (ms * 1e6);
       const double ratio = decode_gbps / copy_gbps;
@@ -108,7 +89,7 @@ int main(int argc, char** argv) {
     std::printf("S=%-6ld huge pages, right after the copy: %.3f ms\n", S, t[3]);
     results.push_back({{"kv_len", S}, {"pages", "huge pages, right after the copy"},
                        {"decode_ms", t[3]}});
-    if (sink == 42) std::printf("\n");  // keeps the sweep's loads
+    if (memory.sink() == 42) std::printf("\n");  // keeps the sweep's loads
   }
   if (json_path.empty()) return 0;
   const nlohmann::ordered_json config = {{"backend", "FLASH_ATTENTION"},

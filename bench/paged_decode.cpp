@@ -20,6 +20,7 @@
 
 #include "common.h"
 #include "host.h"
+#include "memory_probe.h"
 #include "sdpa/kv_cache.h"
 
 using namespace sdpa;
@@ -98,29 +99,14 @@ int main(int argc, char** argv) {
   paged.block_table = table;
 
   const size_t kv_bytes = static_cast<size_t>(2 * positions * Hkv * E) * element_size(dtype);
-  const size_t copy_bytes = size_t{256} << 20, sweep_bytes = size_t{64} << 20;
-  std::vector<char> src(copy_bytes, 1), dst(copy_bytes, 0);
-  long sink = 0;
-  const auto copy = [&] {
-#pragma omp parallel
-    {
-      const size_t n = static_cast<size_t>(omp_get_num_threads());
-      const size_t i = static_cast<size_t>(omp_get_thread_num());
-      std::memcpy(dst.data() + copy_bytes * i / n, src.data() + copy_bytes * i / n,
-                  copy_bytes * (i + 1) / n - copy_bytes * i / n);
-    }
-  };
-  const auto sweep = [&] {
-    long sum = 0;
-#pragma omp parallel for reduction(+ : sum)
-    for (size_t j = 0; j < sweep_bytes; j += 64) sum += src[j];
-    sink += sum;
-  };
+  bench::MemoryProbe memory;
+  const auto copy = [&] { memory.copy(); };
+  const auto sweep = [&] { memory.sweep(); };
   const auto decode_paged = [&] { attention_with_kvcache(q, k_pool, v_pool, seqlens, paged); };
   const auto decode_contiguous = [&] { attention_with_kvcache(q, k_cont, v_cont, seqlens); };
   const auto t = bench::paired_median_ms(
       {sweep, decode_paged, copy, sweep, decode_contiguous, copy}, rounds);
-  const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / ((t[2] + t[5]) / 2 * 1e6);
+  const double copy_gbps = bench::MemoryProbe::copy_gbps((t[2] + t[5]) / 2);
   const double paged_gbps = static_cast<double>(kv_bytes) / (t[1] * 1e6);
   const double contiguous_gbps = static_cast<double>(kv_bytes) / (t[4] * 1e6);
   const double over_copy = paged_gbps / copy_gbps, over_contiguous = t[1] / t[4];
@@ -130,7 +116,7 @@ int main(int argc, char** argv) {
               "target <= 1.10  %s\n",
               t[4], contiguous_gbps, over_contiguous, over_contiguous <= 1.1 ? "ok" : "MISS");
   std::printf("copy %.1f GB/s (read + write)\n", copy_gbps);
-  if (sink == 42) std::printf("\n");  // keeps the sweep's loads
+  if (memory.sink() == 42) std::printf("\n");
   if (json_path.empty()) return 0;
   const nlohmann::ordered_json config = {
       {"backend", "FLASH_ATTENTION"}, {"batch", B},          {"heads_q", Hq},

@@ -5,11 +5,12 @@
 #include "sdpa/error.h"
 
 namespace sdpa::serving {
-void check_4d(const Tensor& t, const char* name, const char* layout) {
+void check_dims(const Tensor& t, const char* name, int64_t dims, const char* layout,
+                const char* entry) {
   SDPA_CHECK(t.defined(), name, ": expected a tensor ", layout, ", got none");
-  SDPA_CHECK(t.dim() == 4, name, ": expected a 4-D tensor ", layout, ", got ",
+  SDPA_CHECK(t.dim() == dims, name, ": expected a ", dims, "-D tensor ", layout, ", got ",
              shape_str(t.sizes()));
-  SDPA_CHECK(t.device() == Device{}, name, ": attention_with_kvcache takes CPU tensors, got ",
+  SDPA_CHECK(t.device() == Device{}, name, ": ", entry, " takes CPU tensors, got ",
              device_name(t.device()));
 }
 
@@ -26,8 +27,8 @@ CacheLayout::CacheLayout(const Tensor& k_cache, const Tensor& v_cache, const Ten
   const bool paged = block_table.defined();
   const char* k_layout = paged ? "[num_pages, page_size, Hkv, E]" : "[B, S_max, Hkv, E]";
   const char* v_layout = paged ? "[num_pages, page_size, Hkv, Ev]" : "[B, S_max, Hkv, Ev]";
-  check_4d(k_cache, "k_cache", k_layout);
-  check_4d(v_cache, "v_cache", v_layout);
+  check_dims(k_cache, "k_cache", 4, k_layout);
+  check_dims(v_cache, "v_cache", 4, v_layout);
   kv_heads_ = k_cache.size(2);
   value_dim_ = v_cache.size(3);
   for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, std::pair{&v_cache, "v_cache"}}) {

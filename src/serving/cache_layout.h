@@ -11,8 +11,10 @@
 
 namespace sdpa::serving {
 
-/// Checks that t is a 4-D CPU tensor (`layout` names its dimensions in the message).
-void check_4d(const Tensor& t, const char* name, const char* layout);
+/// Checks that t is a CPU tensor of `dims` dimensions (`layout` names them in the
+/// message); `entry` names the serving call.
+void check_dims(const Tensor& t, const char* name, int64_t dims, const char* layout,
+                const char* entry = "attention_with_kvcache");
 /// Checks t.size(dim) == expected (`what` names the expected value in the message).
 void check_size(const Tensor& t, const char* name, int64_t dim, int64_t expected,
                 const char* what);

@@ -12,7 +12,7 @@
 namespace sdpa {
 namespace {
 
-using serving::check_4d;
+using serving::check_dims;
 using serving::check_size;
 
 
@@ -47,7 +47,7 @@ Tensor heads_first(const Tensor& bshd, int64_t b, int64_t rows) {
 AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
                                        const Tensor& v_cache, const Tensor& cache_seqlens,
                                        const KvCacheOptions& o) {
-  check_4d(q, "q", "[B, L, Hq, E]");
+  check_dims(q, "q", 4, "[B, L, Hq, E]");
   const int64_t B = q.size(0), L = q.size(1), Hq = q.size(2), E = q.size(3);
   SDPA_CHECK(q.dtype() == DType::kFloat32 || q.dtype() == DType::kBFloat16 ||
                  q.dtype() == DType::kFloat16,
@@ -61,8 +61,8 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
              o.k_new.defined() ? "k_new" : "v_new");
   int64_t new_len = 0;
   if (o.k_new.defined()) {
-    check_4d(o.k_new, "k_new", "[B, L_new, Hkv, E]");
-    check_4d(o.v_new, "v_new", "[B, L_new, Hkv, Ev]");
+    check_dims(o.k_new, "k_new", 4, "[B, L_new, Hkv, E]");
+    check_dims(o.v_new, "v_new", 4, "[B, L_new, Hkv, Ev]");
     new_len = o.k_new.size(1);
     const std::pair<const Tensor*, const char*> news[] = {{&o.k_new, "k_new"},
                                                           {&o.v_new, "v_new"}};

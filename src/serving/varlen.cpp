@@ -10,18 +10,11 @@
 #include <vector>
 
 #include "sdpa/error.h"
+#include "serving/cache_layout.h"
 #include "serving/sequence_mask.h"
 
 namespace sdpa {
 namespace {
-
-void check_3d(const Tensor& t, const char* name, const char* layout) {
-  SDPA_CHECK(t.defined(), name, ": expected a tensor ", layout, ", got none");
-  SDPA_CHECK(t.dim() == 3, name, ": expected a 3-D tensor ", layout, ", got ",
-             shape_str(t.sizes()));
-  SDPA_CHECK(t.device() == Device{}, name, ": attention_varlen takes CPU tensors, got ",
-             device_name(t.device()));
-}
 
 // The offsets of cu_seqlens (int32 [B + 1] from 0 to `total`), each length at most
 // max_seqlen; `batch` (B + 1 entries) when known from the other offsets, else -1.
@@ -76,9 +69,9 @@ struct Packing {
 
 Packing check_packing(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q,
                       const Tensor& cu_k, int64_t max_q, int64_t max_k, const SequenceOptions& o) {
-  check_3d(q, "q", "[total_q, Hq, E]");
-  check_3d(k, "k", "[total_k, Hkv, E]");
-  check_3d(v, "v", "[total_k, Hkv, Ev]");
+  serving::check_dims(q, "q", 3, "[total_q, Hq, E]", "attention_varlen");
+  serving::check_dims(k, "k", 3, "[total_k, Hkv, E]", "attention_varlen");
+  serving::check_dims(v, "v", 3, "[total_k, Hkv, Ev]", "attention_varlen");
   SDPA_CHECK(q.dtype() == DType::kFloat32 || q.dtype() == DType::kBFloat16 ||
                  q.dtype() == DType::kFloat16,
              "q: expected float32, bfloat16 or float16, got ", dtype_name(q.dtype()));

@@ -12,26 +12,15 @@
 #include <random>
 #include <vector>
 
+#include "serving_util.h"
 #include "sdpa/kv_cache.h"
 
 namespace sdpa {
 namespace {
 
 using ::testing::HasSubstr;
-
-Tensor randn(const Shape& shape, uint32_t seed, DType dtype = DType::kFloat32) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> normal;
-  Tensor t = Tensor::empty(shape, DType::kFloat64);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = normal(rng);
-  return t.to(dtype);
-}
-
-Tensor int32s(const std::vector<int32_t>& values) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::kInt32);
-  std::memcpy(t.data<int32_t>(), values.data(), values.size() * sizeof(int32_t));
-  return t;
-}
+using serving_test::int32s;
+using serving_test::randn;
 
 // cos / sin tables [positions, half] of RoPE with base 10000.
 std::pair<Tensor, Tensor> rope_tables(int64_t positions, int64_t half) {

@@ -15,26 +15,15 @@
 #include <vector>
 
 #include "common/capability.h"
+#include "serving_util.h"
 #include "sdpa/kv_cache.h"
 
 namespace sdpa {
 namespace {
 
 using ::testing::HasSubstr;
-
-Tensor randn(const Shape& shape, uint32_t seed, DType dtype) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> normal;
-  Tensor t = Tensor::empty(shape, DType::kFloat64);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = normal(rng);
-  return t.to(dtype);
-}
-
-Tensor int32s(const std::vector<int32_t>& values, Shape shape) {
-  Tensor t = Tensor::empty(shape, DType::kInt32);
-  std::memcpy(t.data<int32_t>(), values.data(), values.size() * sizeof(int32_t));
-  return t;
-}
+using serving_test::int32s;
+using serving_test::randn;
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   const Tensor x = a.to(DType::kFloat64).contiguous(), y = b.to(DType::kFloat64).contiguous();

@@ -13,20 +13,14 @@
 #include <random>
 #include <vector>
 
+#include "serving_util.h"
 #include "sdpa/varlen.h"
 
 namespace sdpa {
 namespace {
 
 using ::testing::HasSubstr;
-
-Tensor randn(const Shape& shape, uint32_t seed, DType dtype = DType::kFloat32) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> normal;
-  Tensor t = Tensor::empty(shape, DType::kFloat64);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = normal(rng);
-  return t.to(dtype);
-}
+using serving_test::randn;
 
 Tensor offsets(const std::vector<int64_t>& lengths) {
   Tensor t = Tensor::empty({static_cast<int64_t>(lengths.size()) + 1}, DType::kInt32);
