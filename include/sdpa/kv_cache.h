@@ -53,6 +53,17 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
                                        const Tensor& v_cache, const Tensor& cache_seqlens,
                                        const KvCacheOptions& options = {});
 
+/// Writes new keys and values into a paged cache without attending (FlashInfer's
+/// append_paged_kv_cache, one run of positions per sequence): k_new [B, L_new, Hkv, E] and
+/// v_new [B, L_new, Hkv, Ev] go to positions [positions[b], positions[b] + L_new) of
+/// sequence b, through block_table int32 [B, max_pages] into the page pools k_cache
+/// [num_pages, page_size, Hkv, E] / v_cache [num_pages, page_size, Hkv, Ev] (same dtype).
+/// positions: int32 [B]. Throws sdpa::Error naming the argument for shapes, dtypes,
+/// positions past the capacity or table entries outside the pool, before writing anything.
+void append_paged_kv_cache(const Tensor& k_new, const Tensor& v_new, const Tensor& k_cache,
+                           const Tensor& v_cache, const Tensor& block_table,
+                           const Tensor& positions);
+
 /// Applies rotary position embedding (RoPE; Su et al., "RoFormer", 2021) to x [B, L, H, E]
 /// in place: row (b, i) at position positions[b] + i (position_step 1) or positions[b]
 /// (position_step 0), rotating its first 2 * cos.size(1) features; cos/sin as in

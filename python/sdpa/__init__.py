@@ -61,7 +61,8 @@ from ._api import (
 from ._kernel import sdpa_kernel
 from . import attention, backends, cuda, flex, serving
 from .flex import BlockMask, and_masks, create_block_mask, flex_attention, noop_mask, or_masks
-from .serving import attention_varlen, attention_with_kvcache, merge_attention_states
+from .serving import (append_paged_kv_cache, attention_varlen, attention_with_kvcache,
+                      merge_attention_states)
 
 import sys as _sys
 
@@ -94,6 +95,7 @@ __all__ = [
     "Tensor",
     "are_deterministic_algorithms_enabled",
     "attention",
+    "append_paged_kv_cache",
     "attention_varlen",
     "attention_with_kvcache",
     "backends",

@@ -15,7 +15,8 @@ from typing import Any, Optional, Sequence
 
 from . import _C, _convert
 
-__all__ = ["attention_varlen", "attention_with_kvcache", "merge_attention_states"]
+__all__ = ["append_paged_kv_cache", "attention_varlen", "attention_with_kvcache",
+           "merge_attention_states"]
 
 
 def _seqlens(cache_seqlens: Any, batch: int) -> Any:
@@ -103,6 +104,19 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     out, lse, _ = _C.attention_varlen(q, k, v, *lengths, *options)
     out = _convert.like(out, q)
     return (out, _convert.like(lse, q)) if return_lse else out
+
+
+def append_paged_kv_cache(k_new: Any, v_new: Any, k_cache: Any, v_cache: Any,
+                          block_table: Any, positions: Any) -> None:
+    """Writes k_new [B, L_new, Hkv, E] / v_new [B, L_new, Hkv, Ev] into the page pools
+    k_cache / v_cache [num_pages, page_size, Hkv, E/Ev] at positions [positions[b],
+    positions[b] + L_new) of each sequence, through block_table int32 [B, max_pages]
+    (FlashInfer's append_paged_kv_cache, one run of positions per sequence), in place.
+    positions: int32 [B] (or an int for every sequence). Raises sdpa.Error naming the
+    argument before anything is written."""
+    batch = getattr(k_new, "shape", (0,))[0]
+    _C.append_paged_kv_cache(k_new, v_new, k_cache, v_cache, block_table,
+                             _seqlens(positions, batch))
 
 
 def merge_attention_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple:

@@ -17,6 +17,16 @@ Tensor optional_array(nb::handle obj, const char* arg) {
   return obj.is_none() ? Tensor() : import_array(obj, arg);
 }
 
+void append_paged(nb::handle k_new, nb::handle v_new, nb::handle k_cache, nb::handle v_cache,
+                  nb::handle block_table, nb::handle positions) {
+  const Tensor kn = import_array(k_new, "k_new"), vn = import_array(v_new, "v_new");
+  const Tensor kc = import_array(k_cache, "k_cache"), vc = import_array(v_cache, "v_cache");
+  const Tensor table = import_array(block_table, "block_table");
+  const Tensor at = import_array(positions, "positions");
+  nb::gil_scoped_release release;
+  append_paged_kv_cache(kn, vn, kc, vc, table, at);
+}
+
 // The per-sequence options of the serving calls.
 SequenceOptions sequence_options(bool causal, int64_t window_left, int64_t window_right,
                                  std::vector<float> alibi_slopes, double softcap,
@@ -128,6 +138,8 @@ void bind_serving(nb::module_& m) {
         nb::arg("rotary_interleaved"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("alibi_slopes"), nb::arg("softcap"),
         nb::arg("scale").none(), nb::arg("block_table").none());
+  m.def("append_paged_kv_cache", &append_paged, nb::arg("k_new"), nb::arg("v_new"),
+        nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("block_table"), nb::arg("positions"));
   m.def("attention_varlen", &attention_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"), nb::arg("causal"), nb::arg("window_left"),

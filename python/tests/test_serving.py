@@ -113,3 +113,18 @@ def test_paged_cache_bad_table_writes_nothing(rng):
         sdpa.attention_with_kvcache(q, k_pool, k_pool.copy(), np.array([5], np.int32),
                                     q[:, :, :, :], q.copy(), block_table=np.array([[0, 7]], np.int32))
     np.testing.assert_array_equal(k_pool, before)
+
+
+def test_append_paged_kv_cache_writes_in_place(rng):
+    pages, page_size, H, E = 6, 4, 2, 8
+    k_pool = rng.standard_normal((pages, page_size, H, E)).astype(np.float32)
+    v_pool = rng.standard_normal((pages, page_size, H, E)).astype(np.float32)
+    table = np.array([[5, 0, 3], [1, 4, 2]], np.int32)
+    k_new = rng.standard_normal((2, 5, H, E)).astype(np.float32)
+    v_new = rng.standard_normal((2, 5, H, E)).astype(np.float32)
+    k_want = k_pool[table].reshape(2, 12, H, E).copy()
+    k_want[0, 2:7], k_want[1, 6:11] = k_new[0], k_new[1]
+    sdpa.append_paged_kv_cache(k_new, v_new, k_pool, v_pool, table, np.array([2, 6], np.int32))
+    np.testing.assert_array_equal(k_pool[table].reshape(2, 12, H, E), k_want)
+    with pytest.raises(sdpa.Error, match=r"positions\[0\] = 8 with 5 new keys exceeds"):
+        sdpa.append_paged_kv_cache(k_new, v_new, k_pool, v_pool, table, 8)

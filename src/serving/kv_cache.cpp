@@ -16,25 +16,48 @@ using serving::check_dims;
 using serving::check_size;
 
 
-// The valid cache lengths, checked against the capacity left for `new_len` keys.
-std::vector<int64_t> read_seqlens(const Tensor& cache_seqlens, int64_t batch, int64_t capacity,
-                                  int64_t new_len) {
-  SDPA_CHECK(cache_seqlens.defined() && cache_seqlens.dtype() == DType::kInt32,
-             "cache_seqlens: expected an int32 tensor [B], got ",
-             cache_seqlens.defined() ? std::string(dtype_name(cache_seqlens.dtype())) : "none");
-  SDPA_CHECK(cache_seqlens.dim() == 1 && cache_seqlens.size(0) == batch,
-             "cache_seqlens: expected shape [", batch, "], got ", shape_str(cache_seqlens.sizes()));
-  SDPA_CHECK(cache_seqlens.device() == Device{}, "cache_seqlens: expected a CPU tensor, got ",
-             device_name(cache_seqlens.device()));
-  std::vector<int64_t> lengths(static_cast<size_t>(batch));
+// The per-sequence positions of `lengths` (int32 [B], named `name`), checked against the
+// capacity left for `new_len` new keys.
+std::vector<int64_t> read_positions(const Tensor& lengths, const char* name, int64_t batch,
+                                    int64_t capacity, int64_t new_len) {
+  SDPA_CHECK(lengths.defined() && lengths.dtype() == DType::kInt32, name,
+             ": expected an int32 tensor [B], got ",
+             lengths.defined() ? std::string(dtype_name(lengths.dtype())) : "none");
+  SDPA_CHECK(lengths.dim() == 1 && lengths.size(0) == batch, name, ": expected shape [", batch,
+             "], got ", shape_str(lengths.sizes()));
+  SDPA_CHECK(lengths.device() == Device{}, name, ": expected a CPU tensor, got ",
+             device_name(lengths.device()));
+  std::vector<int64_t> out(static_cast<size_t>(batch));
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t n = static_cast<int64_t>(cache_seqlens.item({b}));
-    SDPA_CHECK(n >= 0, "cache_seqlens[", b, "] = ", n, " is negative");
-    SDPA_CHECK(n <= capacity - new_len, "cache_seqlens[", b, "] = ", n, " with ", new_len,
+    const int64_t n = static_cast<int64_t>(lengths.item({b}));
+    SDPA_CHECK(n >= 0, name, "[", b, "] = ", n, " is negative");
+    SDPA_CHECK(n <= capacity - new_len, name, "[", b, "] = ", n, " with ", new_len,
                " new keys exceeds the cache's capacity of ", capacity, " positions");
-    lengths[static_cast<size_t>(b)] = n;
+    out[static_cast<size_t>(b)] = n;
   }
-  return lengths;
+  return out;
+}
+
+// Checks k_new [B, L_new, Hkv, E] / v_new [B, L_new, Hkv, Ev] (both or neither, the
+// cache's dtype and heads) and returns L_new (0 without them).
+int64_t check_new_rows(const Tensor& k_new, const Tensor& v_new, const serving::CacheLayout& cache,
+                       int64_t batch, DType dtype, int64_t head_dim) {
+  SDPA_CHECK(k_new.defined() == v_new.defined(), "k_new / v_new: expected both or neither, got only ",
+             k_new.defined() ? "k_new" : "v_new");
+  if (!k_new.defined()) return 0;
+  check_dims(k_new, "k_new", 4, "[B, L_new, Hkv, E]");
+  check_dims(v_new, "v_new", 4, "[B, L_new, Hkv, Ev]");
+  const int64_t new_len = k_new.size(1);
+  for (const auto& [t, name] : {std::pair{&k_new, "k_new"}, std::pair{&v_new, "v_new"}}) {
+    SDPA_CHECK(t->dtype() == dtype, name, ": expected the cache's dtype ", dtype_name(dtype),
+               ", got ", dtype_name(t->dtype()));
+    check_size(*t, name, 0, batch, "the batch size B");
+    check_size(*t, name, 1, new_len, "L_new of k_new");
+    check_size(*t, name, 2, cache.kv_heads(), "the cache's kv head count Hkv");
+  }
+  check_size(k_new, "k_new", 3, head_dim, "the head dimension E");
+  check_size(v_new, "v_new", 3, cache.value_dim(), "the value head dimension Ev of v_cache");
+  return new_len;
 }
 
 // [L, H, E] rows of sequence b of a BSHD tensor as a [1, H, L, E] view.
@@ -56,27 +79,9 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
   const int64_t Hkv = cache.kv_heads(), Ev = cache.value_dim();
   SDPA_CHECK(Hkv > 0 && Hq % Hkv == 0, "q: the query head count ", Hq,
              " must be a multiple of the cache's kv head count ", Hkv, " (GQA)");
-  SDPA_CHECK(o.k_new.defined() == o.v_new.defined(),
-             "k_new / v_new: expected both or neither, got only ",
-             o.k_new.defined() ? "k_new" : "v_new");
-  int64_t new_len = 0;
-  if (o.k_new.defined()) {
-    check_dims(o.k_new, "k_new", 4, "[B, L_new, Hkv, E]");
-    check_dims(o.v_new, "v_new", 4, "[B, L_new, Hkv, Ev]");
-    new_len = o.k_new.size(1);
-    const std::pair<const Tensor*, const char*> news[] = {{&o.k_new, "k_new"},
-                                                          {&o.v_new, "v_new"}};
-    for (const auto& [t, name] : news) {
-      SDPA_CHECK(t->dtype() == q.dtype(), name, ": expected q's dtype ", dtype_name(q.dtype()),
-                 ", got ", dtype_name(t->dtype()));
-      check_size(*t, name, 0, B, "the batch size B of q");
-      check_size(*t, name, 1, new_len, "L_new of k_new");
-      check_size(*t, name, 2, Hkv, "the cache's kv head count Hkv");
-    }
-    check_size(o.k_new, "k_new", 3, E, "the head dimension E");
-    check_size(o.v_new, "v_new", 3, Ev, "the value head dimension Ev of v_cache");
-  }
-  const std::vector<int64_t> cached = read_seqlens(cache_seqlens, B, cache.capacity(), new_len);
+  const int64_t new_len = check_new_rows(o.k_new, o.v_new, cache, B, q.dtype(), E);
+  const std::vector<int64_t> cached =
+      read_positions(cache_seqlens, "cache_seqlens", B, cache.capacity(), new_len);
   for (int64_t b = 0; b < B; ++b) cache.check_pages(b, cached[static_cast<size_t>(b)] + new_len);
   serving::check_sequence_options(o, Hq);
   SDPA_CHECK(o.rotary_cos.defined() == o.rotary_sin.defined(),
@@ -122,6 +127,22 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
     result.backend = r.backend;
   }
   return result;
+}
+
+void append_paged_kv_cache(const Tensor& k_new, const Tensor& v_new, const Tensor& k_cache,
+                           const Tensor& v_cache, const Tensor& block_table,
+                           const Tensor& positions) {
+  check_dims(k_new, "k_new", 4, "[B, L_new, Hkv, E]", "append_paged_kv_cache");
+  SDPA_CHECK(block_table.defined(), "block_table: expected an int32 tensor [B, max_pages], got none");
+  const int64_t B = k_new.size(0);
+  const serving::CacheLayout cache(k_cache, v_cache, block_table, B, k_new.dtype(), k_new.size(3));
+  const int64_t new_len = check_new_rows(k_new, v_new, cache, B, k_new.dtype(), k_new.size(3));
+  const std::vector<int64_t> at = read_positions(positions, "positions", B, cache.capacity(), new_len);
+  for (int64_t b = 0; b < B; ++b) cache.check_pages(b, at[static_cast<size_t>(b)] + new_len);
+  for (int64_t b = 0; b < B; ++b) {
+    cache.write(false, b, at[static_cast<size_t>(b)], k_new.select(0, b));
+    cache.write(true, b, at[static_cast<size_t>(b)], v_new.select(0, b));
+  }
 }
 
 }  // namespace sdpa

@@ -188,5 +188,34 @@ TEST(PagedKvCache, BadBlockTablesWriteNothing) {
   EXPECT_NO_THROW((void)attention_with_kvcache(q, k_pool, v_pool, int32s({3, 5}, {2}), o));
 }
 
+TEST(PagedKvCache, AppendWithoutAttendingWritesOnlyItsRows) {
+  const Tensor k = randn({2, 64, 2, 8}, 1, DType::kBFloat16);
+  const Tensor v = randn({2, 64, 2, 6}, 2, DType::kBFloat16);
+  const Paged paged = page(k, v, 16, 3);
+  const Tensor k_new = randn({2, 20, 2, 8}, 4, DType::kBFloat16);
+  const Tensor v_new = randn({2, 20, 2, 6}, 5, DType::kBFloat16);
+  const Tensor positions = int32s({13, 44});  // both runs cross page boundaries
+  append_paged_kv_cache(k_new, v_new, paged.k_pool, paged.v_pool, paged.table, positions);
+  Tensor k_want = k.clone(), v_want = v.clone();
+  for (int64_t b = 0; b < 2; ++b) {
+    const int64_t at = positions.data<int32_t>()[b];
+    k_want.select(0, b).slice(0, at, at + 20).copy_(k_new.select(0, b));
+    v_want.select(0, b).slice(0, at, at + 20).copy_(v_new.select(0, b));
+  }
+  EXPECT_EQ(max_abs_diff(gather(paged.k_pool, paged.table), k_want), 0.0);
+  EXPECT_EQ(max_abs_diff(gather(paged.v_pool, paged.table), v_want), 0.0);
+  const Tensor before = paged.k_pool.clone();
+  try {
+    append_paged_kv_cache(k_new, v_new, paged.k_pool, paged.v_pool, paged.table, int32s({13, 45}));
+    ADD_FAILURE() << "expected an error naming positions";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("positions[1] = 45 with 20 new keys exceeds the cache's "
+                                    "capacity of 64"));
+  }
+  EXPECT_THROW(append_paged_kv_cache(k_new, v_new, paged.k_pool, paged.v_pool, Tensor(), positions),
+               Error);
+  EXPECT_EQ(max_abs_diff(paged.k_pool, before), 0.0);
+}
+
 }  // namespace
 }  // namespace sdpa
