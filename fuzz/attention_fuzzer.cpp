@@ -59,10 +59,13 @@ DType pick_dtype(FuzzedDataProvider& in) {
 // element (zero strides), which the size checks must then handle.
 Tensor make_input(FuzzedDataProvider& in, const Shape& shape, DType dtype, double magnitude,
                   std::mt19937& rng) {
+  // Inputs past 2^20 elements are broadcast views: drawing and converting more took over
+  // the 10 s per-input budget under the sanitizers (2^24 elements: 25 s).
+  constexpr int64_t kMaxDrawn = int64_t{1} << 20;
   int64_t elements = 1;
   bool huge = false;
   for (int64_t s : shape) {
-    if (s > (int64_t{1} << 24) || (s > 0 && elements > (int64_t{1} << 24) / s)) huge = true;
+    if (s > kMaxDrawn || (s > 0 && elements > kMaxDrawn / s)) huge = true;
     elements *= huge ? 1 : s;
   }
   const int layout = in.ConsumeIntegralInRange(0, 3);
