@@ -1,6 +1,8 @@
 // The backend table, the checks runner, and the helpers that run a built-in backend's
 // kernels. Each backend's checks and kernels live with its code (backend_impl.h).
 
+#include <cmath>
+
 #include "cuda/math.h"
 #include "dispatch/backend_impl.h"
 #include "dispatch/lowering.h"
@@ -66,6 +68,15 @@ void forward_into(const BackendImpl& impl, const AttentionParams& params, const 
   // No query row: out and lse have no element, and a kernel would still size its scratch
   // and loops by the keys (MATH took seconds and gigabytes for B = 0 beside 2^27 keys).
   if (params.batch * params.num_heads_q * params.q_len == 0) return;
+  // No key: every row is fully masked (out = 0, lse = -inf). Filled here in O(output):
+  // the kernels would still load every query row (11 s for 2^24 rows of 256).
+  if (params.kv_len == 0 && params.device.type == DeviceType::kCPU) {
+    Tensor zeroed = out;
+    fill_zeros(params, zeroed);
+    Tensor lse_rows = lse;
+    lse_rows.copy_(Tensor::full({1}, -INFINITY, lse.dtype()).expand(lse.sizes()));
+    return;
+  }
   // dropout_p = 1 drops every weight (PyTorch: out = 0); lse is of the undropped scores,
   // so the kernel runs without dropout (its 1 / (1 - p) scaling would be infinite).
   if (params.dropout.p >= 1.0) {
