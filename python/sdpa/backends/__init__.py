@@ -1,7 +1,9 @@
-"""Process-wide backend flags (torch.backends.cuda.enable_*_sdp) and the active list.
+"""Process-wide backend flags (torch.backends.cuda.enable_*_sdp), the active list, and
+torch's per-call checks (SDPAParams, can_use_flash_attention and its siblings).
 
 The flags apply where no ``sdpa.sdpa_kernel`` guard is active; the ``*_enabled()``
-queries report the calling thread's effective state (guard first, then flag).
+queries report the calling thread's effective state (guard first, then flag). The
+``can_use_*`` checks ignore both, as torch's do.
 """
 
 from .._C import (
@@ -19,9 +21,19 @@ from .._C import (
     overrideable_sdp_enabled,
 )
 from . import cpu
+from ._params import (
+    SDPAParams,
+    can_use_cudnn_attention,
+    can_use_efficient_attention,
+    can_use_flash_attention,
+)
 
 __all__ = [
+    "SDPAParams",
     "active_backends",
+    "can_use_cudnn_attention",
+    "can_use_efficient_attention",
+    "can_use_flash_attention",
     "cpu",
     "cudnn_sdp_enabled",
     "default_priority_order",
