@@ -32,6 +32,19 @@ AttentionResult flex_attention(const Tensor& q, const Tensor& k, const Tensor& v
                                const flex::BlockMask* block_mask = nullptr,
                                const SDPAOptions& options = {});
 
+/// The row maxima of the scores flex_attention softmaxes with the same arguments,
+///   max_scores[b, h, i] = max_j mask(score_mod(q k^T * scale + additive biases))[i, j],
+/// float32 [B, Hq, L] (natural units; -inf for a row with no kept element, NaN where a
+/// kept score is NaN; dropout does not apply). torch 2.15 returns it with
+/// `return_aux=AuxRequest(max_scores=True)`, e.g. to clip query/key weights whose logits
+/// grow (MuonClip, Kimi K2 2025). A pass of its own over q k^T (MATH's scoring, float64
+/// for float64 inputs), so it costs about half a MATH forward. CPU tensors only: throws
+/// sdpa::Error for other devices, and as flex_attention for invalid inputs.
+Tensor flex_attention_max_scores(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const std::optional<flex::Program>& score_mod = std::nullopt,
+                                 const flex::BlockMask* block_mask = nullptr,
+                                 const SDPAOptions& options = {});
+
 /// Gradients of flex_attention: grad_q/k/v as scaled_dot_product_attention_backward, with
 /// d(score_mod)/d(score) derived symbolically from the program, and in grad_captured (one
 /// entry per score_mod captured tensor, in Program::captured() order; undefined unless the

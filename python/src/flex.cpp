@@ -38,6 +38,23 @@ nb::tuple flex_forward(nb::handle query, nb::handle key, nb::handle value,
                         r.backend);
 }
 
+// Returns max_scores [B, Hq, L] float32.
+nb::object flex_max_scores(nb::handle query, nb::handle key, nb::handle value,
+                           const std::optional<Program>& score_mod,
+                           const flex::BlockMask* block_mask, std::optional<double> scale,
+                           bool enable_gqa) {
+  const Tensor q = import_array(query, "query");
+  const Tensor k = import_array(key, "key");
+  const Tensor v = import_array(value, "value");
+  Tensor max_scores;
+  {
+    nb::gil_scoped_release release;
+    max_scores = flex_attention_max_scores(q, k, v, score_mod, block_mask,
+                                           flex_options(scale, enable_gqa));
+  }
+  return export_tensor(std::move(max_scores));
+}
+
 // Returns (grad_q, grad_k, grad_v, [grad of each captured tensor or None]).
 nb::tuple flex_backward(nb::handle grad_out, nb::handle query, nb::handle key, nb::handle value,
                         nb::handle out, nb::handle lse, const std::optional<Program>& score_mod,
@@ -167,6 +184,9 @@ void bind_flex(nb::module_& m) {
   m.def("flex_attention", &flex_forward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
         nb::arg("score_mod").none(), nb::arg("block_mask").none(), nb::arg("scale").none(),
         nb::arg("enable_gqa"));
+  m.def("flex_max_scores", &flex_max_scores, nb::arg("query"), nb::arg("key"),
+        nb::arg("value"), nb::arg("score_mod").none(), nb::arg("block_mask").none(),
+        nb::arg("scale").none(), nb::arg("enable_gqa"));
   m.def("flex_attention_backward", &flex_backward, nb::arg("grad_out"), nb::arg("query"),
         nb::arg("key"), nb::arg("value"), nb::arg("out"), nb::arg("lse"),
         nb::arg("score_mod").none(), nb::arg("block_mask").none(), nb::arg("scale").none(),

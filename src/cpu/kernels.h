@@ -13,6 +13,11 @@ namespace sdpa::cpu {
 /// checked against.
 void math_forward(const AttentionParams& params, const Tensor& out, const Tensor& lse);
 
+/// The maximum of each query row's scores as MATH softmaxes them (biases, score_mod and
+/// masks applied; float64 for float64 inputs) into max_scores float32 [B, Hq, L]
+/// (contiguous): -inf for a row that keeps no key, NaN where a kept score is NaN.
+void math_max_scores(const AttentionParams& params, const Tensor& max_scores);
+
 /// FLASH_ATTENTION on CPU: tiled online softmax (Dao et al., FlashAttention-2, 2023) that
 /// never materializes L x S; SIMD level from get_cpu_capability(), OpenMP across
 /// (batch, head, q-block). float32/bfloat16/float16 inputs, float32 compute.

@@ -3,17 +3,13 @@
 
 #include <cmath>
 #include <limits>
-#include <optional>
 
-#include "core/parallel.h"
 #include "core/scratch.h"
-#include "core/threading.h"
 #include "cpu/flash_tile.h"
 #include "cpu/kernel_context.h"
-#include "cpu/kernels.h"
-#include "cpu/mask_rows.h"
-#include "cpu/online_softmax.h"
 #include "cpu/kv_rows.h"
+#include "cpu/math_scores.h"
+#include "cpu/online_softmax.h"
 #include "cpu/rows.h"
 
 namespace sdpa::cpu {
@@ -42,7 +38,6 @@ void forward_head(const AttentionParams& p, int64_t bh, MathBuffers<Acc>& buf, c
                   float* lse) {
   const int64_t b = bh / p.num_heads_q, h = bh % p.num_heads_q;
   const int64_t L = p.q_len, S = p.kv_len, E = p.head_dim_qk, Ev = p.head_dim_vo;
-  const Acc scale = static_cast<Acc>(p.scale);
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
   const int64_t hk = h / p.group_size();
   const RowView q_rows(p.q, b, h), k_rows = key_rows(p, b, hk), v_rows = value_rows(p, b, hk);
@@ -56,12 +51,7 @@ void forward_head(const AttentionParams& p, int64_t bh, MathBuffers<Acc>& buf, c
   for (int64_t i = 0; i < L; ++i) {
     q_rows.load(i, buf.q.data());
     Acc* s = buf.scores.data();
-    for (int64_t j = 0; j < S; ++j) {
-      Acc dot = 0;
-      for (int64_t e = 0; e < E; ++e) dot += buf.q[e] * buf.k[j * E + e];
-      s[j] = dot * scale;
-    }
-    mask_score_row(masking, i, s);
+    masked_score_row(p, masking, i, buf.q.data(), buf.k.data(), s);
     Acc max = neg_inf;
     for (int64_t j = 0; j < S; ++j) max = max_keeping_nan(max, s[j]);
     const int64_t row = query_row_index(p, b, h, i);
@@ -93,18 +83,9 @@ void forward_head(const AttentionParams& p, int64_t bh, MathBuffers<Acc>& buf, c
 
 template <typename Acc>
 void math_forward_typed(const AttentionParams& p, const Tensor& out, const Tensor& lse) {
-  detail::ParallelErrors errors;
-  const int threads =
-      detail::ThreadingContext::current().threads_for(p.batch * p.num_heads_q, forward_work(p));
-  detail::run_region(threads, [&] {
-    std::optional<MathBuffers<Acc>> buf;
-    errors.guard([&] { buf.emplace(p); });
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < p.batch * p.num_heads_q; ++bh) {
-      if (buf) errors.guard([&] { forward_head(p, bh, *buf, out, lse.data<float>()); });
-    }
+  for_each_query_head<MathBuffers<Acc>>(p, [&](int64_t bh, MathBuffers<Acc>& buf) {
+    forward_head(p, bh, buf, out, lse.data<float>());
   });
-  errors.rethrow();
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include "sdpa/flex_attention.h"
 
+#include "cpu/kernels.h"
 #include "dispatch/lowering.h"
 #include "sdpa/error.h"
 
@@ -43,6 +44,18 @@ AttentionResult flex_attention(const Tensor& q, const Tensor& k, const Tensor& v
                                const flex::ScoreMod& score_mod, const flex::BlockMask* block_mask,
                                const SDPAOptions& options) {
   return flex_attention(q, k, v, flex::Program::from_score_mod(score_mod), block_mask, options);
+}
+
+Tensor flex_attention_max_scores(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const std::optional<flex::Program>& score_mod,
+                                 const flex::BlockMask* block_mask, const SDPAOptions& options) {
+  AttentionParams p = make_params(q, k, v, options);
+  add_flex(p, score_mod, block_mask);
+  SDPA_CHECK(p.device.type == DeviceType::kCPU, "flex_attention max_scores: expected CPU "
+             "tensors, got tensors on ", device_name(p.device));
+  Tensor max_scores = Tensor::empty({p.batch, p.num_heads_q, p.q_len}, DType::kFloat32);
+  cpu::math_max_scores(with_materialized_bias(p), max_scores);
+  return p.unbatched ? max_scores.squeeze(0) : max_scores;
 }
 
 AttentionGradients flex_attention_backward(const Tensor& grad_out, const Tensor& q,

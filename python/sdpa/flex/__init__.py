@@ -26,7 +26,7 @@ the operation, e.g. Python control flow on a traced value (``if q_idx > 3:``) or
 ``torch.sin``. Semantics follow ``torch.nn.attention.flex_attention``.
 """
 
-from ._attention import flex_attention, flex_attention_backward
+from ._attention import AuxOutput, AuxRequest, flex_attention, flex_attention_backward
 from ._block_mask import BlockMask, and_masks, create_block_mask, noop_mask, or_masks
 from ._proxy import TraceError
 from ._trace import capture
@@ -34,7 +34,7 @@ from .mods import (alibi, causal_mask, document, prefix_lm, relative_position, s
                    soft_cap)
 
 __all__ = [
-    "BlockMask", "TraceError", "alibi", "and_masks", "capture", "causal_mask",
+    "AuxOutput", "AuxRequest", "BlockMask", "TraceError", "alibi", "and_masks", "capture", "causal_mask",
     "create_block_mask", "document", "flex_attention", "flex_attention_backward",
     "noop_mask", "or_masks", "prefix_lm", "relative_position", "sliding_window", "soft_cap",
 ]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from .. import _C, _convert
 from ._block_mask import BlockMask, as_block_mask
@@ -25,10 +25,27 @@ def _cpp_mask(block_mask: Any, query: Any) -> Any:
     return mask._cpp
 
 
+class AuxRequest(NamedTuple):
+    """Which auxiliary outputs :func:`flex_attention` returns (torch 2.15's AuxRequest):
+    ``lse`` (the logsumexp of each query row) and ``max_scores`` (each row's largest
+    score after score_mod and masking)."""
+
+    lse: bool = False
+    max_scores: bool = False
+
+
+class AuxOutput(NamedTuple):
+    """The auxiliary outputs :func:`flex_attention` returns for ``return_aux``: lse and
+    max_scores, float32 [B, Hq, L] each (natural units), or None where not requested."""
+
+    lse: Any = None
+    max_scores: Any = None
+
+
 def flex_attention(query: Any, key: Any, value: Any, score_mod: Optional[Callable] = None,
                    block_mask: Optional[BlockMask] = None, scale: Optional[float] = None,
                    enable_gqa: bool = False, return_lse: bool = False,
-                   kernel_options: Any = None) -> Any:
+                   kernel_options: Any = None, *, return_aux: Any = None) -> Any:
     """torch.nn.attention.flex_attention on the CPU: softmax(score_mod(q k^T * scale)) v
     over the elements ``block_mask`` keeps (full blocks, and partial blocks where its
     mask_mod is true), for any framework with __dlpack__.
@@ -43,6 +60,13 @@ def flex_attention(query: Any, key: Any, value: Any, score_mod: Optional[Callabl
     captured torch tensor that requires grad (a learnable bias table, a 0-d scale).
     ``kernel_options`` is accepted for torch compatibility and ignored.
 
+    ``return_aux`` (an :class:`AuxRequest`, or torch's) returns ``(out, AuxOutput(lse,
+    max_scores))`` instead, as torch 2.15 does; lse is included when either it or
+    return_lse asks. max_scores [B, Hq, L] float32 is the row maximum of the scores the
+    softmax sees (-inf for rows with no kept element), computed by a separate pass over
+    q k^T (about half a MATH forward), without gradient; torch raises
+    NotImplementedError for it on the CPU.
+
     Raises TypeError for an untraceable score_mod or a non-array input, sdpa.Error for
     invalid shapes or dtypes, a block_mask of other sizes, or a captured read out of range
     (naming the tensor, index and position).
@@ -54,10 +78,19 @@ def flex_attention(query: Any, key: Any, value: Any, score_mod: Optional[Callabl
 
         out, lse = _flex_autograd(query, key, value, program, cpp_mask, scale, enable_gqa,
                                   sources)
+    else:
+        out, lse, _ = _C.flex_attention(query, key, value, program, cpp_mask, scale,
+                                        enable_gqa)
+        out, lse = _convert.like(out, query), _convert.like(lse, query)
+    if return_aux is None:
         return (out, lse) if return_lse else out
-    out, lse, _ = _C.flex_attention(query, key, value, program, cpp_mask, scale, enable_gqa)
-    out = _convert.like(out, query)
-    return (out, _convert.like(lse, query)) if return_lse else out
+    max_scores = None
+    if getattr(return_aux, "max_scores", False):
+        q, k, v = (t.detach() if _convert.is_torch_tensor(t) else t for t in (query, key, value))
+        max_scores = _convert.like(
+            _C.flex_max_scores(q, k, v, program, cpp_mask, scale, enable_gqa), query)
+    wants_lse = return_lse or bool(getattr(return_aux, "lse", False))
+    return out, AuxOutput(lse if wants_lse else None, max_scores)
 
 
 def flex_attention_backward(grad_out: Any, query: Any, key: Any, value: Any, out: Any,
