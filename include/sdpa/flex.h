@@ -46,7 +46,8 @@ class Expr {
 };
 
 // Arithmetic: int op int stays int (except / which is true division, as torch); any float
-// operand makes the result float. Comparisons give bool; &, |, !, &&, || take bool.
+// operand makes the result float. Comparisons give bool; !, &&, || take bool; &, |, ^ and
+// ~ are logical on bools and bitwise (two's complement) on ints, as torch's.
 Expr operator+(const Expr& a, const Expr& b);
 Expr operator-(const Expr& a, const Expr& b);
 Expr operator*(const Expr& a, const Expr& b);
@@ -66,6 +67,11 @@ Expr operator&&(const Expr& a, const Expr& b);
 Expr operator||(const Expr& a, const Expr& b);
 Expr operator!(const Expr& a);
 Expr operator~(const Expr& a);
+Expr operator^(const Expr& a, const Expr& b);
+/// Shifts of ints (torch.bitwise_left_shift / right_shift; >> is arithmetic). A shift count
+/// outside [0, 63] gives 0 (<<) or the sign fill (>>), as torch and numpy do.
+Expr operator<<(const Expr& a, const Expr& b);
+Expr operator>>(const Expr& a, const Expr& b);
 /// Floor division of integers (torch's //).
 Expr floor_div(const Expr& a, const Expr& b);
 /// cond ? a : b elementwise (torch.where).
@@ -78,6 +84,11 @@ Expr log(const Expr& a);
 Expr tanh(const Expr& a);
 Expr sigmoid(const Expr& a);
 Expr sqrt(const Expr& a);
+Expr sin(const Expr& a);
+Expr cos(const Expr& a);
+/// Rounding of floats toward -inf / +inf (float result, as torch.floor); ints unchanged.
+Expr floor(const Expr& a);
+Expr ceil(const Expr& a);
 /// Converts an int or bool expression to float.
 Expr to_float(const Expr& a);
 

@@ -50,7 +50,7 @@ Explanation explain(const AttentionParams& params) {
     if (!is_allowed(b, order)) order.push_back(b);
   }
   for (SDPBackend b : order) {
-    BackendVerdict v{b, is_allowed(b, active), false, {}, {}};
+    BackendVerdict v{b, is_allowed(b, active), false, {}, {}, {}};
     Reasons r;
     if (!v.allowed) r.add("disabled (not allowed by the active sdpa_kernel guard or enable flags)");
     v.supported = detail::run_checks(detail::backend_impl(b), params, r);

@@ -82,11 +82,13 @@ GradientProgram differentiate(const Program& score_mod) {
       case Op::kTanh: accumulate(n->args[0], a * (1.0 - self * self)); break;
       case Op::kSigmoid: accumulate(n->args[0], a * self * (1.0 - self)); break;
       case Op::kSqrt: accumulate(n->args[0], a * 0.5 / self); break;
+      case Op::kSin: accumulate(n->args[0], a * cos(arg(0))); break;
+      case Op::kCos: accumulate(n->args[0], -a * sin(arg(0))); break;
       case Op::kWhere:
         accumulate(n->args[1], where(arg(0), a, 0.0));
         accumulate(n->args[2], where(arg(0), 0.0, a));
         break;
-      default: break;  // inputs, constants, reads, integer and boolean ops
+      default: break;  // inputs, constants, reads, floor / ceil, integer and boolean ops
     }
   }
 

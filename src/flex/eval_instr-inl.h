@@ -485,6 +485,34 @@ HWY_INLINE void EvalInstr(RowBuffers& buf, int32_t k, const Pass& p, float* out 
     case Op::kToFloat:
       Map1(Arg<int64_t>(buf, in, 0, p), fo, p, [](int64_t a) { return static_cast<float>(a); });
       break;
+    case Op::kFloor:
+      MapFloat(Arg<float>(buf, in, 0, p), fo, p, [](auto, auto v) { return hn::Floor(v); });
+      break;
+    case Op::kCeil:
+      MapFloat(Arg<float>(buf, in, 0, p), fo, p, [](auto, auto v) { return hn::Ceil(v); });
+      break;
+    // Per element through libm: the vector forms lose accuracy on large arguments (index
+    // phases such as sin(q_idx * w)), and sin / cos are rare in mods.
+    case Op::kSin:
+      Map1(Arg<float>(buf, in, 0, p), fo, p, [](float a) { return std::sin(a); });
+      break;
+    case Op::kCos:
+      Map1(Arg<float>(buf, in, 0, p), fo, p, [](float a) { return std::cos(a); });
+      break;
+#define SDPA_FLEX_INTEGER(OP, EXPR)                                       \
+  case OP:                                                                \
+    Map2(Arg<int64_t>(buf, in, 0, p), Arg<int64_t>(buf, in, 1, p), io, p, \
+         [](int64_t a, int64_t b) { return EXPR; });                      \
+    break;
+      SDPA_FLEX_INTEGER(Op::kBitAnd, a & b)
+      SDPA_FLEX_INTEGER(Op::kBitOr, a | b)
+      SDPA_FLEX_INTEGER(Op::kBitXor, a ^ b)
+      SDPA_FLEX_INTEGER(Op::kShl, shift_left_int(a, b))
+      SDPA_FLEX_INTEGER(Op::kShr, shift_right_int(a, b))
+#undef SDPA_FLEX_INTEGER
+    case Op::kBitNot:
+      Map1(Arg<int64_t>(buf, in, 0, p), io, p, [](int64_t a) { return ~a; });
+      break;
 #define SDPA_FLEX_COMPARE(OP, CMP)                                              \
   case OP:                                                                      \
     if (float_args) {                                                           \

@@ -82,6 +82,16 @@ double ScalarEvaluator::step(const Instr& in, double score, const ModIndex& at) 
     case Op::kSigmoid: return 1.0 / (1.0 + std::exp(-arg(0)));
     case Op::kSqrt: return std::sqrt(arg(0));
     case Op::kToFloat: return arg(0);
+    case Op::kFloor: return std::floor(arg(0));
+    case Op::kCeil: return std::ceil(arg(0));
+    case Op::kSin: return std::sin(arg(0));
+    case Op::kCos: return std::cos(arg(0));
+    case Op::kBitAnd: return static_cast<double>(as_int(0) & as_int(1));
+    case Op::kBitOr: return static_cast<double>(as_int(0) | as_int(1));
+    case Op::kBitXor: return static_cast<double>(as_int(0) ^ as_int(1));
+    case Op::kBitNot: return static_cast<double>(~as_int(0));
+    case Op::kShl: return static_cast<double>(shift_left_int(as_int(0), as_int(1)));
+    case Op::kShr: return static_cast<double>(shift_right_int(as_int(0), as_int(1)));
     case Op::kLt: return arg(0) < arg(1) ? 1.0 : 0.0;
     case Op::kLe: return arg(0) <= arg(1) ? 1.0 : 0.0;
     case Op::kGt: return arg(0) > arg(1) ? 1.0 : 0.0;

@@ -26,6 +26,15 @@ double read_captured(const Captured& c, const int64_t* index);
 int64_t floor_div_int(int64_t a, int64_t b);
 int64_t floor_mod_int(int64_t a, int64_t b);
 
+/// a << n and a >> n (arithmetic) of int64; a count outside [0, 63] gives 0 / the sign
+/// fill, as torch and numpy do (C++ leaves such shifts undefined).
+inline int64_t shift_left_int(int64_t a, int64_t n) {
+  return n < 0 || n > 63 ? 0 : static_cast<int64_t>(static_cast<uint64_t>(a) << n);
+}
+inline int64_t shift_right_int(int64_t a, int64_t n) {
+  return n < 0 || n > 63 ? (a < 0 ? -1 : 0) : a >> n;
+}
+
 class ScalarEvaluator {
  public:
   ScalarEvaluator(const CompiledProgram& program, const std::vector<Captured>& captured)

@@ -118,22 +118,45 @@ Expr operator>=(const Expr& a, const Expr& b) { return compare(Op::kGe, ">=", a,
 Expr operator==(const Expr& a, const Expr& b) { return compare(Op::kEq, "==", a, b); }
 Expr operator!=(const Expr& a, const Expr& b) { return compare(Op::kNe, "!=", a, b); }
 Expr operator&(const Expr& a, const Expr& b) {
-  expect_bool("&", a);
-  expect_bool("&", b);
-  return make(Op::kAnd, ValueType::kBool, {a, b});
+  if (a.type() == ValueType::kInt || b.type() == ValueType::kInt) {
+    return integer_op(Op::kBitAnd, "&", a, b);
+  }
+  return a && b;
 }
 Expr operator|(const Expr& a, const Expr& b) {
-  expect_bool("|", a);
-  expect_bool("|", b);
+  if (a.type() == ValueType::kInt || b.type() == ValueType::kInt) {
+    return integer_op(Op::kBitOr, "|", a, b);
+  }
+  return a || b;
+}
+Expr operator^(const Expr& a, const Expr& b) {
+  if (a.type() == ValueType::kInt || b.type() == ValueType::kInt) {
+    return integer_op(Op::kBitXor, "^", a, b);
+  }
+  expect_bool("^", a);
+  expect_bool("^", b);
+  return make(Op::kNe, ValueType::kBool, {a, b});
+}
+Expr operator<<(const Expr& a, const Expr& b) { return integer_op(Op::kShl, "<<", a, b); }
+Expr operator>>(const Expr& a, const Expr& b) { return integer_op(Op::kShr, ">>", a, b); }
+Expr operator&&(const Expr& a, const Expr& b) {
+  expect_bool("&&", a);
+  expect_bool("&&", b);
+  return make(Op::kAnd, ValueType::kBool, {a, b});
+}
+Expr operator||(const Expr& a, const Expr& b) {
+  expect_bool("||", a);
+  expect_bool("||", b);
   return make(Op::kOr, ValueType::kBool, {a, b});
 }
-Expr operator&&(const Expr& a, const Expr& b) { return a & b; }
-Expr operator||(const Expr& a, const Expr& b) { return a | b; }
 Expr operator!(const Expr& a) {
   expect_bool("!", a);
   return make(Op::kNot, ValueType::kBool, {a});
 }
-Expr operator~(const Expr& a) { return !a; }
+Expr operator~(const Expr& a) {
+  if (a.type() == ValueType::kInt) return make(Op::kBitNot, ValueType::kInt, {a});
+  return !a;
+}
 
 Expr where(const Expr& cond, const Expr& a, const Expr& b) {
   expect_bool("where", cond);
@@ -158,6 +181,16 @@ Expr log(const Expr& a) { return unary_float(Op::kLog, "log", a); }
 Expr tanh(const Expr& a) { return unary_float(Op::kTanh, "tanh", a); }
 Expr sigmoid(const Expr& a) { return unary_float(Op::kSigmoid, "sigmoid", a); }
 Expr sqrt(const Expr& a) { return unary_float(Op::kSqrt, "sqrt", a); }
+Expr sin(const Expr& a) { return unary_float(Op::kSin, "sin", a); }
+Expr cos(const Expr& a) { return unary_float(Op::kCos, "cos", a); }
+Expr floor(const Expr& a) {
+  expect_numeric("floor", a);
+  return a.type() == ValueType::kInt ? a : make(Op::kFloor, ValueType::kFloat, {a});
+}
+Expr ceil(const Expr& a) {
+  expect_numeric("ceil", a);
+  return a.type() == ValueType::kInt ? a : make(Op::kCeil, ValueType::kFloat, {a});
+}
 Expr to_float(const Expr& a) {
   if (a.type() == ValueType::kFloat) return a;
   return make(Op::kToFloat, ValueType::kFloat, {a});

@@ -156,6 +156,21 @@ BlockVerdict classify_block(const CompiledProgram& program, const std::vector<Ca
         if (A(0).lo >= 0) r = monotone([](double x) { return std::sqrt(x); }, A(0));
         break;
       case Op::kToFloat: r = A(0); break;
+      case Op::kFloor: r = monotone([](double x) { return std::floor(x); }, A(0)); break;
+      case Op::kCeil: r = monotone([](double x) { return std::ceil(x); }, A(0)); break;
+      case Op::kSin:
+      case Op::kCos:
+        if (std::isfinite(A(0).lo) && std::isfinite(A(0).hi)) r = {-1.0, 1.0};
+        break;
+      case Op::kBitAnd:  // non-negative operands: the result is at most either
+        if (A(0).lo >= 0 && A(1).lo >= 0) r = {0.0, std::min(A(0).hi, A(1).hi)};
+        break;
+      case Op::kBitNot: r = {-A(0).hi - 1.0, -A(0).lo - 1.0}; break;
+      case Op::kBitOr:
+      case Op::kBitXor:
+      case Op::kShl:
+      case Op::kShr:
+        break;
       case Op::kLt: {
         const double e = margin(A(0), A(1), float_args);
         r = from_bool(A(0).hi + e < A(1).lo, A(0).lo >= A(1).hi + e);

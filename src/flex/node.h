@@ -15,7 +15,9 @@ enum class Op : uint8_t {
   kScore, kBatch, kHead, kQIdx, kKvIdx, kConst, kRead,
   // arithmetic
   kAdd, kSub, kMul, kDiv, kMod, kFloorDiv, kNeg, kMin, kMax, kAbs,
-  kExp, kLog, kTanh, kSigmoid, kSqrt, kToFloat,
+  kExp, kLog, kTanh, kSigmoid, kSqrt, kToFloat, kFloor, kCeil, kSin, kCos,
+  // integer bit operations (int64, two's complement)
+  kBitAnd, kBitOr, kBitXor, kBitNot, kShl, kShr,
   // comparisons and logic
   kLt, kLe, kGt, kGe, kEq, kNe, kAnd, kOr, kNot, kWhere,
 };

@@ -38,6 +38,16 @@ const char* op_name(Op op) {
     case Op::kSigmoid: return "sigmoid";
     case Op::kSqrt: return "sqrt";
     case Op::kToFloat: return "float";
+    case Op::kFloor: return "floor";
+    case Op::kCeil: return "ceil";
+    case Op::kSin: return "sin";
+    case Op::kCos: return "cos";
+    case Op::kBitAnd: return "bitwise_and";
+    case Op::kBitOr: return "bitwise_or";
+    case Op::kBitXor: return "bitwise_xor";
+    case Op::kBitNot: return "bitwise_not";
+    case Op::kShl: return "left_shift";
+    case Op::kShr: return "right_shift";
     case Op::kLt: return "lt";
     case Op::kLe: return "le";
     case Op::kGt: return "gt";

@@ -135,7 +135,7 @@ class ProgramGen {
   V gen_int(int depth) {
     if (depth <= 0 || coin(0.25)) return int_leaf();
     V r = int_leaf();
-    switch (pick(13)) {
+    switch (pick(16)) {
       case 0: {
         V a = gen_int(depth - 1), b = gen_int(depth - 1);
         r = {a.e + b.e, a.bound + b.bound};
@@ -203,6 +203,25 @@ class ProgramGen {
       case 11: {
         const int64_t c = std::uniform_int_distribution<int>(-9, 9)(rng_);
         r = {sdpa::flex::abs(kv_ - q_ + Expr(c)), static_cast<double>(dims_.L + dims_.S + std::abs(c))};
+        break;
+      }
+      case 12: {
+        // Two's complement bit operations stay within the next power of two of the bounds.
+        V a = gen_int(depth - 1), b = gen_int(depth - 1);
+        const int which = pick(3);
+        r = {which == 0 ? (a.e & b.e) : which == 1 ? (a.e | b.e) : (a.e ^ b.e),
+             2.0 * std::max(a.bound, b.bound) + 2.0};
+        break;
+      }
+      case 13: {
+        V a = gen_int(depth - 1);
+        const int64_t c = std::uniform_int_distribution<int>(-1, 3)(rng_);  // -1: out of range
+        r = coin(0.5) ? V{a.e << Expr(c), a.bound * 8.0} : V{a.e >> Expr(c), a.bound + 1.0};
+        break;
+      }
+      case 14: {
+        V a = gen_int(depth - 1);
+        r = {~a.e, a.bound + 1.0};
         break;
       }
       default: {
@@ -457,6 +476,21 @@ inline double evaluate_float32(const sdpa::flex::Program& program, float score, 
       case Op::kSigmoid: r = 1.0f / (1.0f + std::exp(-F(0))); break;
       case Op::kSqrt: r = std::sqrt(F(0)); break;
       case Op::kToFloat: r = static_cast<float>(A(0)); break;
+      case Op::kFloor: r = std::floor(F(0)); break;
+      case Op::kCeil: r = std::ceil(F(0)); break;
+      case Op::kSin: r = std::sin(F(0)); break;
+      case Op::kCos: r = std::cos(F(0)); break;
+      case Op::kBitAnd: r = static_cast<double>(I(0) & I(1)); break;
+      case Op::kBitOr: r = static_cast<double>(I(0) | I(1)); break;
+      case Op::kBitXor: r = static_cast<double>(I(0) ^ I(1)); break;
+      case Op::kBitNot: r = static_cast<double>(~I(0)); break;
+      case Op::kShl:
+        r = I(1) < 0 || I(1) > 63 ? 0.0 : A(0) * std::ldexp(1.0, static_cast<int>(I(1)));
+        break;
+      case Op::kShr:
+        r = I(1) < 0 || I(1) > 63 ? (A(0) < 0 ? -1.0 : 0.0)
+                                  : std::floor(A(0) / std::ldexp(1.0, static_cast<int>(I(1))));
+        break;
       case Op::kLt: r = A(0) < A(1); break;
       case Op::kLe: r = A(0) <= A(1); break;
       case Op::kGt: r = A(0) > A(1); break;
