@@ -111,6 +111,9 @@ void bind_flex(nb::module_& m) {
       {"ne", [](const Expr& a, const Expr& b) { return a != b; }},
       {"and_", [](const Expr& a, const Expr& b) { return a & b; }},
       {"or_", [](const Expr& a, const Expr& b) { return a | b; }},
+      {"xor", [](const Expr& a, const Expr& b) { return a ^ b; }},
+      {"lshift", [](const Expr& a, const Expr& b) { return a << b; }},
+      {"rshift", [](const Expr& a, const Expr& b) { return a >> b; }},
       {"minimum", [](const Expr& a, const Expr& b) { return flex::minimum(a, b); }},
       {"maximum", [](const Expr& a, const Expr& b) { return flex::maximum(a, b); }},
   };
@@ -125,6 +128,10 @@ void bind_flex(nb::module_& m) {
       {"tanh", [](const Expr& a) { return flex::tanh(a); }},
       {"sigmoid", [](const Expr& a) { return flex::sigmoid(a); }},
       {"sqrt", [](const Expr& a) { return flex::sqrt(a); }},
+      {"sin", [](const Expr& a) { return flex::sin(a); }},
+      {"cos", [](const Expr& a) { return flex::cos(a); }},
+      {"floor", [](const Expr& a) { return flex::floor(a); }},
+      {"ceil", [](const Expr& a) { return flex::ceil(a); }},
       {"to_float", [](const Expr& a) { return flex::to_float(a); }},
   };
   for (const auto& [name, fn] : unary) m.def(name, fn);

@@ -53,6 +53,12 @@ NUMPY_SCORE_MODS = {
     "clip": lambda s, b, h, q, kv: s + np.clip(q - kv, -2, 3) + np.clip(s, a_min=0.0, a_max=None),
     "closure table": lambda s, b, h, q, kv: s + SLOPES[h] * (kv - q) + TABLE[h, q - kv + 10],
     "ndarray scalar on the left": lambda s, b, h, q, kv: np.float64(0.5) * s + np.array(2.0) * q,
+    "rounding and trigonometry": lambda s, b, h, q, kv: (
+        np.floor(s * 1.5) + np.ceil(q / 4) + np.sin(s) * np.cos(q * 0.25 - kv)
+        + math.floor(s / 2) - math.ceil(s)),
+    "bit ops": lambda s, b, h, q, kv: s + ((q ^ kv) & 6) + (q | 1) - (~kv) + (kv << 2)
+                                      + (-q >> 1) + (1 << h) + np.left_shift(q, 65)
+                                      + np.right_shift(-kv - 1, 64) + np.invert(q),
 }
 
 
@@ -68,6 +74,7 @@ NUMPY_MASK_MODS = {
         q >= kv, np.logical_not(np.logical_xor(b == 1, h == 2))),
     "document": lambda b, h, q, kv: DOC[q] == DOC[kv],
     "integer window": lambda b, h, q, kv: (q // 4 == kv // 4) & (q % 2 == kv % 2),
+    "dilated": lambda b, h, q, kv: ((q - kv) & 3 == 0) | ((kv >> 2) == (q >> 2)),
 }
 
 
@@ -119,12 +126,11 @@ def untraceable(mod, is_mask=False):
 def test_untraceable_numpy_and_python_operations_name_the_operation():
     assert "cannot branch" in untraceable(lambda s, b, h, q, kv: s if q > kv else -s)
     assert "cannot branch" in untraceable(lambda s, b, h, q, kv: s + max(q, kv))
-    assert "np.sin" in untraceable(lambda s, b, h, q, kv: np.sin(s))
+    assert "np.arctan" in untraceable(lambda s, b, h, q, kv: np.arctan(s))
     assert "np.where(condition)" in untraceable(lambda s, b, h, q, kv: s + np.where(q > kv))
     assert "math" in untraceable(lambda s, b, h, q, kv: math.exp(s))
-    assert "Tensor.floor" in untraceable(lambda s, b, h, q, kv: s.floor())
+    assert "Tensor.atan" in untraceable(lambda s, b, h, q, kv: s.atan())
     assert "float to an integer" in untraceable(lambda s, b, h, q, kv: s + s.long())
-    assert "bool ^ bool" in untraceable(lambda s, b, h, q, kv: s + (q ^ kv))
     assert "cannot index a Python list" in untraceable(lambda s, b, h, q, kv: s + [1.0, 2.0][q])
     assert "2 dimensions, indexed with 3" in untraceable(lambda s, b, h, q, kv: s + TABLE[h, q, kv])
     assert "index every dimension" in untraceable(lambda s, b, h, q, kv: s + TABLE[h] * 2)
@@ -139,6 +145,10 @@ def test_type_errors_of_the_program_raise_sdpa_error():
         trace(lambda b, h, q, kv: q - kv, is_mask=True)
     with pytest.raises(sdpa.Error, match="score_mod must return a number"):
         trace(lambda s, b, h, q, kv: q >= kv, is_mask=False)
+    with pytest.raises(sdpa.Error, match="'\\^' expects int operands, got float and int"):
+        trace(lambda s, b, h, q, kv: s + (s ^ q), is_mask=False)
+    with pytest.raises(sdpa.Error, match="'<<' expects int operands"):
+        trace(lambda s, b, h, q, kv: s + (q << s), is_mask=False)
 
 
 # ---- torch: functions, methods and FlexAttention's own helpers --------------------------
@@ -191,6 +201,10 @@ def torch_score_mods(torch):
                                                + torch.div(kv, 3) + torch.remainder(q - kv, 3)
                                                + torch.true_divide(s, 2)),
         "0-d tensors": lambda s, b, h, q, kv: alpha * s + q * torch.tensor(3) + s / alpha,
+        "rounding, trigonometry, bits": lambda s, b, h, q, kv: (
+            torch.floor(s * 1.5) + s.ceil() + torch.sin(s) * (q * 0.5 - kv).cos()
+            + torch.bitwise_left_shift(q, 2) + (kv >> 1) + torch.bitwise_and(q, 5)
+            + q.bitwise_xor(kv) + (~q) + torch.bitwise_right_shift(-q, 70)),
         "dtype and constants": lambda s, b, h, q, kv: (
             torch.where(q > kv, s, torch.full_like(s, -1.5)) + torch.ones_like(s)
             + s.new_tensor(2.5) + torch.zeros_like(q) + (q > kv).to(s.dtype)
@@ -223,8 +237,8 @@ def test_torch_mask_mods_and_helpers_trace_like_eager(torch):
 
 
 def test_untraceable_torch_operations_name_the_operation(torch):
-    assert "torch.sin" in untraceable(lambda s, b, h, q, kv: torch.sin(s))
-    assert "Tensor.sin" in untraceable(lambda s, b, h, q, kv: s.sin())
+    assert "torch.atan" in untraceable(lambda s, b, h, q, kv: torch.atan(s))
+    assert "Tensor.atan" in untraceable(lambda s, b, h, q, kv: s.atan())
     assert "torch.nn.functional.gelu" in untraceable(
         lambda s, b, h, q, kv: torch.nn.functional.gelu(s))
     assert "reduction" in untraceable(lambda s, b, h, q, kv: torch.max(s))
@@ -233,4 +247,4 @@ def test_untraceable_torch_operations_name_the_operation(torch):
     table = torch.zeros(4, 4)
     assert "cannot use a Tensor" in untraceable(lambda s, b, h, q, kv: s + table)
     assert "scalars" in untraceable(lambda b, h, q, kv: q.new_ones((2, 2)) > 0, is_mask=True)
-    assert not hasattr(flex.causal_mask, "sin")  # hasattr probes stay AttributeErrors
+    assert not hasattr(flex.causal_mask, "atan")  # hasattr probes stay AttributeErrors

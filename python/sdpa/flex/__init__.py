@@ -14,16 +14,18 @@ sdpa's C++ expression programs and run by the fused CPU kernels, with their back
 
 A mod is called once with proxy objects standing for score, b, h, q_idx and kv_idx, and
 what it does to them is recorded: Python operators (arithmetic, ``//``, ``%``, ``**``,
-comparisons, ``&`` ``|`` ``^`` ``~``, ``abs``), torch functions and Tensor methods
-through ``__torch_function__`` (where, clamp, minimum, maximum, tanh, exp, exp2, log,
-sigmoid, sqrt, type conversions, new_ones..., see ``_methods.py``), numpy ufuncs and
+comparisons, ``&`` ``|`` ``^`` ``~`` (logical on bools, bitwise on ints), ``<<`` ``>>``,
+``abs``, ``math.floor`` / ``math.ceil``), torch functions and Tensor methods through
+``__torch_function__`` (where, clamp, minimum, maximum, tanh, exp, exp2, log, sigmoid,
+sqrt, sin, cos, floor, ceil, bitwise shifts, type conversions, new_ones..., see
+``_methods.py``), numpy ufuncs and
 np.where / np.clip, and reads of captured tensors indexed by traced integers
 (``table[h, q_idx - kv_idx]``): torch tensors directly, numpy / jax arrays found in the
 mod's closure or module globals automatically, other arrays wrapped with
 :class:`capture`. Existing torch FlexAttention mods (and torch's and_masks, or_masks,
 noop_mask) run unchanged. Anything else raises :class:`TraceError` (a TypeError) naming
 the operation, e.g. Python control flow on a traced value (``if q_idx > 3:``) or
-``torch.sin``. Semantics follow ``torch.nn.attention.flex_attention``.
+``torch.atan``. Semantics follow ``torch.nn.attention.flex_attention``.
 """
 
 from ._attention import AuxOutput, AuxRequest, flex_attention, flex_attention_backward

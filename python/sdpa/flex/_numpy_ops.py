@@ -19,7 +19,8 @@ _UFUNCS = {
     "fmin": "minimum", "fmax": "maximum", "less": "lt", "less_equal": "le", "greater": "gt",
     "greater_equal": "ge", "equal": "eq", "not_equal": "ne", "logical_and": "and_",
     "logical_or": "or_", "logical_xor": "xor", "logical_not": "not_", "bitwise_and": "and_",
-    "bitwise_or": "or_", "bitwise_xor": "xor", "invert": "not_",
+    "bitwise_or": "or_", "bitwise_xor": "xor", "invert": "not_", "left_shift": "lshift",
+    "right_shift": "rshift", "sin": "sin", "cos": "cos", "floor": "floor", "ceil": "ceil",
 }
 
 

@@ -31,9 +31,9 @@ def untraceable(op: str, hint: str = "") -> TraceError:
                       f"{hint or _SUPPORTED}")
 
 
-_SUPPORTED = (" (supported: arithmetic, comparisons, &, |, ^, ~, where, clamp, minimum, "
-              "maximum, abs, exp, exp2, log, log2, tanh, sigmoid, sqrt, pow, type "
-              "conversions, captured tensor reads; see sdpa.flex)")
+_SUPPORTED = (" (supported: arithmetic, comparisons, &, |, ^, ~, <<, >>, where, clamp, "
+              "minimum, maximum, abs, exp, exp2, log, log2, tanh, sigmoid, sqrt, sin, cos, "
+              "floor, ceil, pow, type conversions, captured tensor reads; see sdpa.flex)")
 
 
 # ---- values -> expressions --------------------------------------------------------------
@@ -109,13 +109,6 @@ _LN2 = math.log(2.0)
 _LN10 = math.log(10.0)
 
 
-def _xor(a: Any, b: Any) -> "Proxy":
-    x, y = expr(a), expr(b)
-    if x.type != "bool" or y.type != "bool":
-        raise untraceable(f"^ of {x.type} and {y.type}", " (only bool ^ bool is supported)")
-    return Proxy(_C.ne(x, y))
-
-
 def _constant_value(x: Any) -> Any:
     """The Python number ``x`` stands for, or None when ``x`` is traced (a proxy, or a 0-d
     torch tensor that requires grad and so is captured)."""
@@ -171,9 +164,10 @@ def _where(cond: Any, a: Any, b: Any) -> "Proxy":
 #: Every traceable operation by name; operands are traced values or constants.
 OPS: dict[str, Callable[..., "Proxy"]] = {
     **{n: _c_binary(n) for n in ("add", "sub", "mul", "truediv", "mod", "floordiv", "lt", "le",
-                                 "gt", "ge", "eq", "ne", "and_", "or_", "minimum", "maximum")},
-    **{n: _c_unary(n) for n in ("neg", "not_", "abs", "exp", "log", "tanh", "sigmoid", "sqrt")},
-    "xor": _xor,
+                                 "gt", "ge", "eq", "ne", "and_", "or_", "xor", "lshift",
+                                 "rshift", "minimum", "maximum")},
+    **{n: _c_unary(n) for n in ("neg", "not_", "abs", "exp", "log", "tanh", "sigmoid", "sqrt",
+                                "sin", "cos", "floor", "ceil")},
     "pow": _pow,
     "where": _where,
     "clamp": _clamp,
@@ -244,6 +238,10 @@ class Proxy:
     __and__, __rand__ = _binary("and_"), _binary("and_", True)
     __or__, __ror__ = _binary("or_"), _binary("or_", True)
     __xor__, __rxor__ = _binary("xor"), _binary("xor", True)
+    __lshift__, __rlshift__ = _binary("lshift"), _binary("lshift", True)
+    __rshift__, __rrshift__ = _binary("rshift"), _binary("rshift", True)
+    # math.floor / math.ceil of a traced value: a float value, as torch's Tensor.__floor__.
+    __floor__, __ceil__ = _unary("floor"), _unary("ceil")
     __neg__, __pos__ = _unary("neg"), _unary("positive")
     __invert__, __abs__ = _unary("not_"), _unary("abs")
     __hash__ = None  # type: ignore[assignment]

@@ -13,7 +13,7 @@ from ._proxy import OPS, untraceable
 # Binary operator dunders of torch.Tensor -> OPS name; the reflected form swaps operands.
 _DUNDERS = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "truediv", "div": "truediv",
             "floordiv": "floordiv", "mod": "mod", "pow": "pow", "and": "and_", "or": "or_",
-            "xor": "xor", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq",
+            "xor": "xor", "lshift": "lshift", "rshift": "rshift", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq",
             "ne": "ne"}
 
 
