@@ -199,7 +199,7 @@ struct BlockMask {
 };
 
 /// Builds the BlockMask of `mask_mod` for [B, H, q_len, kv_len] with square blocks of
-/// `block_size` (FlexAttention's create_block_mask). Memory is O(number of blocks): each
+/// `block_size` (FlexAttention's create_block_mask, Dong et al. 2024). Memory is O(number of blocks): each
 /// block is first classified by interval analysis of the program (decides causal,
 /// windows, prefix-LM and sorted document masks without touching elements) and only
 /// undecided blocks are evaluated element by element. B or H of 1 broadcast when the
@@ -211,6 +211,27 @@ BlockMask create_block_mask(const MaskMod& mask_mod, int64_t batch, int64_t num_
                             int64_t q_len, int64_t kv_len, int64_t block_size = 128);
 BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_heads,
                             int64_t q_len, int64_t kv_len, int64_t block_size = 128);
+/// As above with blocks of q_block_size query rows by kv_block_size keys (torch's
+/// BLOCK_SIZE=(q, kv)); the kernels read any pair of sizes.
+BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_heads,
+                            int64_t q_len, int64_t kv_len, int64_t q_block_size,
+                            int64_t kv_block_size);
+
+/// The kv-side lists of a BlockMask made by the caller (torch's BlockMask.from_kv_blocks):
+/// num int32/int64 [B, H, q blocks] counts, indices [B, H, q blocks, n] (the first count
+/// entries name kv blocks, in any order); the full lists may be undefined.
+struct KvBlocks {
+  Tensor num, indices, full_num, full_indices;
+};
+
+/// A BlockMask from block lists instead of a mask_mod: the blocks `blocks` lists as
+/// partial run mask_mod when there is one and are kept whole when not; full blocks skip
+/// it; all others are empty. The q-side transposes are derived. Throws sdpa::Error for
+/// shapes that disagree with (q_len, kv_len) and the block sizes, a count above the
+/// number of kv blocks, an index out of range, or a block listed twice.
+BlockMask block_mask_from_kv_blocks(const KvBlocks& blocks, int64_t q_len, int64_t kv_len,
+                                    int64_t q_block_size, int64_t kv_block_size,
+                                    std::optional<Program> mask_mod = std::nullopt);
 
 /// mask_mod combinators (FlexAttention's and_masks / or_masks / noop_mask).
 MaskMod and_masks(std::vector<MaskMod> mods);

@@ -167,7 +167,8 @@ void bind_flex(nb::module_& m) {
       .def_ro("num_heads", &flex::BlockMask::num_heads)
       .def_ro("q_len", &flex::BlockMask::q_len)
       .def_ro("kv_len", &flex::BlockMask::kv_len)
-      .def_ro("block_size", &flex::BlockMask::kv_block_size)
+      .def_ro("q_block_size", &flex::BlockMask::q_block_size)
+      .def_ro("kv_block_size", &flex::BlockMask::kv_block_size)
       .def_prop_ro("num_q_blocks", &flex::BlockMask::num_q_blocks)
       .def_prop_ro("num_kv_blocks", &flex::BlockMask::num_kv_blocks)
       .def_prop_ro("kv_num_blocks", [](const flex::BlockMask& b) { return export_tensor(b.kv_num_blocks); })
@@ -184,10 +185,29 @@ void bind_flex(nb::module_& m) {
 
   m.def("create_block_mask",
         [](const Program& mask_mod, int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-           int64_t block_size) {
+           int64_t q_block_size, int64_t kv_block_size) {
           nb::gil_scoped_release release;
-          return flex::create_block_mask(mask_mod, batch, heads, q_len, kv_len, block_size);
+          return flex::create_block_mask(mask_mod, batch, heads, q_len, kv_len, q_block_size,
+                                         kv_block_size);
         });
+  m.def(
+      "block_mask_from_kv_blocks",
+      [](nb::handle num, nb::handle indices, nb::handle full_num, nb::handle full_indices,
+         int64_t q_len, int64_t kv_len, int64_t q_block_size, int64_t kv_block_size,
+         std::optional<Program> mask_mod) {
+        flex::KvBlocks blocks{import_array(num, "kv_num_blocks"),
+                              import_array(indices, "kv_indices"), Tensor(), Tensor()};
+        if (!full_num.is_none()) blocks.full_num = import_array(full_num, "full_kv_num_blocks");
+        if (!full_indices.is_none()) {
+          blocks.full_indices = import_array(full_indices, "full_kv_indices");
+        }
+        nb::gil_scoped_release release;
+        return flex::block_mask_from_kv_blocks(blocks, q_len, kv_len, q_block_size,
+                                               kv_block_size, std::move(mask_mod));
+      },
+      nb::arg("kv_num_blocks"), nb::arg("kv_indices"), nb::arg("full_kv_num_blocks").none(),
+      nb::arg("full_kv_indices").none(), nb::arg("q_len"), nb::arg("kv_len"),
+      nb::arg("q_block_size"), nb::arg("kv_block_size"), nb::arg("mask_mod").none());
   m.def("flex_attention", &flex_forward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
         nb::arg("score_mod").none(), nb::arg("block_mask").none(), nb::arg("scale").none(),
         nb::arg("enable_gqa"));

@@ -7,6 +7,7 @@ tracing: test_flex_trace.py."""
 import math
 import os
 
+import numpy as np
 import pytest
 
 import sdpa
@@ -136,11 +137,63 @@ def test_torch_block_mask_and_lse_match_torch(torch_flex):
     got, lse = sdpa.flex_attention(q, k, v, block_mask=theirs_mask, return_lse=True)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(lse, want_lse, rtol=2e-5, atol=2e-5)
-    full = tf.BlockMask.from_kv_blocks(torch.zeros(1, 1, 1, dtype=torch.int32),
-                                       torch.zeros(1, 1, 1, 1, dtype=torch.int32),
-                                       BLOCK_SIZE=64, seq_lengths=(64, 128))
-    with pytest.raises(ValueError, match="built from block indices"):
-        sdpa.flex_attention(q[..., :64, :], k[..., :128, :], v[..., :128, :], block_mask=full)
+
+
+def test_torch_block_masks_from_block_lists_and_non_square_blocks(torch_flex):
+    """torch BlockMasks built from block indices alone (kept whole, or with a mask_mod in
+    the partial blocks) and with BLOCK_SIZE=(q, kv) give torch's own results."""
+    torch, tf = torch_flex
+    B, H, L, S, E = 1, 2, 96, 160, 16
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(B, H, n, E, generator=g) for n in (L, S, S))
+    # 3 q blocks of 32 by 5 kv blocks of 32; rows list blocks out of order, one none.
+    # (torch wants indices as wide as the kv blocks: [B, H, q blocks, kv blocks].)
+    counts = torch.tensor([[[2, 0, 3], [1, 1, 1]]], dtype=torch.int32)
+    indices = torch.tensor([[[[4, 1, 0, 0, 0], [0, 0, 0, 0, 0], [2, 0, 3, 0, 0]],
+                             [[3, 0, 0, 0, 0], [0, 0, 0, 0, 0], [4, 0, 0, 0, 0]]]],
+                           dtype=torch.int32)
+    full_counts = torch.tensor([[[0, 1, 0], [1, 0, 0]]], dtype=torch.int32)
+    full_indices = torch.tensor([[[[0, 0, 0, 0, 0], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]],
+                                  [[1, 0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]]]],
+                                dtype=torch.int32)
+    odd = lambda b, h, q_idx, kv_idx: (q_idx + kv_idx) % 3 != 0  # noqa: E731
+
+    def blocks(c, i):  # [B, H, L, S] bool: the listed blocks, element by element
+        dense = torch.zeros(B, H, 3, 5, dtype=torch.bool)
+        for h in range(H):
+            for r in range(3):
+                dense[0, h, r, i[0, h, r, :c[0, h, r]].long()] = True
+        return dense.repeat_interleave(32, 2).repeat_interleave(32, 3)
+
+    qi, ki = torch.arange(L)[:, None], torch.arange(S)[None, :]
+    for mask_mod in (None, odd):
+        partial = blocks(counts, indices) & (True if mask_mod is None else odd(0, 0, qi, ki))
+        keep = partial | blocks(full_counts, full_indices)
+        # torch's compiled kernels honour the block lists this way; its eager path
+        # evaluates mask_mod densely and ignores them (docs/semantics.md).
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        theirs = tf.BlockMask.from_kv_blocks(counts, indices, full_counts, full_indices,
+                                             BLOCK_SIZE=32, mask_mod=mask_mod,
+                                             seq_lengths=(L, S))
+        ours = sdpa.flex.BlockMask.from_kv_blocks(counts, indices, full_counts, full_indices,
+                                                  BLOCK_SIZE=32, mask_mod=mask_mod,
+                                                  seq_lengths=(L, S))
+        np.testing.assert_array_equal(ours.to_dense() > 0, theirs.to_dense().numpy() > 0)
+        for mask in (theirs, ours):
+            torch.testing.assert_close(sdpa.flex_attention(q, k, v, block_mask=mask), want,
+                                       rtol=2e-5, atol=2e-5)
+    window = lambda b, h, q_idx, kv_idx: (q_idx - kv_idx).abs() <= 40  # noqa: E731
+    for block in ((16, 64), (64, 32)):
+        theirs = tf.create_block_mask(window, None, None, L, S, device="cpu", BLOCK_SIZE=block)
+        ours = sdpa.create_block_mask(window, None, None, L, S, BLOCK_SIZE=block)
+        assert ours.BLOCK_SIZE == block
+        # The same blocks are computed (torch counts a block that runs past Q_LEN as
+        # partial where sdpa, seeing only real rows, may call it full).
+        np.testing.assert_array_equal(ours.to_dense() > 0, theirs.to_dense().numpy() > 0)
+        want = tf.flex_attention(q, k, v, block_mask=theirs)
+        for mask in (theirs, ours):
+            torch.testing.assert_close(sdpa.flex_attention(q, k, v, block_mask=mask), want,
+                                       rtol=2e-5, atol=2e-5)
 
 
 def dense_scores(torch, q, k, score, keep, scale):

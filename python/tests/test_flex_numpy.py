@@ -251,10 +251,12 @@ def test_errors(rng):
         sdpa.flex_attention(q, q, q, block_mask=np.ones((4, 4), bool))
     with pytest.raises(TypeError, match="key"):
         sdpa.flex_attention(q, [[1.0]], q)
-    with pytest.raises(ValueError, match="square"):
-        sdpa.create_block_mask(flex.causal_mask, 1, 1, 8, 8, BLOCK_SIZE=(4, 8))
+    with pytest.raises(ValueError, match="pair"):
+        sdpa.create_block_mask(flex.causal_mask, 1, 1, 8, 8, BLOCK_SIZE=(4, 8, 2))
     with pytest.raises(sdpa.Error, match="BLOCK_SIZE"):
         sdpa.create_block_mask(flex.causal_mask, 1, 1, 8, 8, BLOCK_SIZE=0)
+    with pytest.raises(sdpa.Error, match=r"BLOCK_SIZE >= 1, got \(4, 0\)"):
+        sdpa.create_block_mask(flex.causal_mask, 1, 1, 8, 8, BLOCK_SIZE=(4, 0))
     with pytest.raises(sdpa.Error, match="built for B=2, H=1"):
         bm = sdpa.create_block_mask(flex.causal_mask, 2, None, 4, 4)
         q3 = np.concatenate([q] * 3)

@@ -66,6 +66,68 @@ void fill_lists(const StatusGrid& grid, uint8_t want, BlockList list) {
 
 constexpr uint8_t kEmpty = 0, kPartial = 1, kFull = 2;
 
+// Allocates the eight int32 lists of `m` (its sizes and block sizes set).
+void allocate_lists(BlockMask& m) {
+  const int64_t nq = m.num_q_blocks(), nkv = m.num_kv_blocks();
+  m.kv_num_blocks = Tensor::empty({m.batch, m.num_heads, nq}, DType::kInt32);
+  m.kv_indices = Tensor::empty({m.batch, m.num_heads, nq, nkv}, DType::kInt32);
+  m.full_kv_num_blocks = Tensor::empty({m.batch, m.num_heads, nq}, DType::kInt32);
+  m.full_kv_indices = Tensor::empty({m.batch, m.num_heads, nq, nkv}, DType::kInt32);
+  m.q_num_blocks = Tensor::empty({m.batch, m.num_heads, nkv}, DType::kInt32);
+  m.q_indices = Tensor::empty({m.batch, m.num_heads, nkv, nq}, DType::kInt32);
+  m.full_q_num_blocks = Tensor::empty({m.batch, m.num_heads, nkv}, DType::kInt32);
+  m.full_q_indices = Tensor::empty({m.batch, m.num_heads, nkv, nq}, DType::kInt32);
+}
+
+// Writes the lists of (b, h) item `item` from its status grid [nq, nkv].
+void fill_item(BlockMask& m, int64_t item, const std::vector<uint8_t>& status) {
+  const int64_t nq = m.num_q_blocks(), nkv = m.num_kv_blocks();
+  // The kv lists run along the grid's rows (per q block), the q lists down its columns.
+  const StatusGrid by_q{status, nq, nkv, false}, by_kv{status, nkv, nq, true};
+  fill_lists(by_q, kPartial, {m.kv_num_blocks.data<int32_t>() + item * nq,
+                              m.kv_indices.data<int32_t>() + item * nq * nkv});
+  fill_lists(by_q, kFull, {m.full_kv_num_blocks.data<int32_t>() + item * nq,
+                           m.full_kv_indices.data<int32_t>() + item * nq * nkv});
+  fill_lists(by_kv, kPartial, {m.q_num_blocks.data<int32_t>() + item * nkv,
+                               m.q_indices.data<int32_t>() + item * nkv * nq});
+  fill_lists(by_kv, kFull, {m.full_q_num_blocks.data<int32_t>() + item * nkv,
+                            m.full_q_indices.data<int32_t>() + item * nkv * nq});
+}
+
+// Marks the blocks one kv-side list names as `mark` in the status grids of every (b, h):
+// num int32 [B, H, nq], indices int32 [B, H, nq, >= count]. Throws for counts or indices
+// out of range and for a block named twice (in this list or an earlier one).
+void mark_listed(const BlockMask& m, const Tensor& num, const Tensor& indices, const char* what,
+                 uint8_t mark, std::vector<std::vector<uint8_t>>& grids) {
+  const int64_t nq = m.num_q_blocks(), nkv = m.num_kv_blocks();
+  SDPA_CHECK(num.dim() == 3 && num.size(0) == m.batch && num.size(1) == m.num_heads &&
+                 num.size(2) == nq,
+             "from_kv_blocks: expected ", what, "_num_blocks of shape [", m.batch, ", ",
+             m.num_heads, ", ", nq, "], got ", shape_str(num.sizes()));
+  SDPA_CHECK(indices.dim() == 4 && indices.size(0) == m.batch &&
+                 indices.size(1) == m.num_heads && indices.size(2) == nq,
+             "from_kv_blocks: expected ", what, "_indices of shape [", m.batch, ", ", m.num_heads,
+             ", ", nq, ", n], got ", shape_str(indices.sizes()));
+  const Tensor counts = num.to(DType::kInt64).contiguous();
+  const Tensor lists = indices.to(DType::kInt64).contiguous();
+  const int64_t width = lists.size(3);
+  for (int64_t row = 0; row < m.batch * m.num_heads * nq; ++row) {
+    const int64_t n = counts.data<int64_t>()[row];
+    SDPA_CHECK(n >= 0 && n <= std::min(width, nkv), "from_kv_blocks: ", what,
+               "_num_blocks: expected counts in [0, ", std::min(width, nkv), "], got ", n);
+    std::vector<uint8_t>& grid = grids[row / nq];
+    for (int64_t e = 0; e < n; ++e) {
+      const int64_t kb = lists.data<int64_t>()[row * width + e];
+      SDPA_CHECK(kb >= 0 && kb < nkv, "from_kv_blocks: ", what, "_indices: expected kv block "
+                 "indices in [0, ", nkv, "), got ", kb);
+      uint8_t& cell = grid[(row % nq) * nkv + kb];
+      SDPA_CHECK(cell == kEmpty, "from_kv_blocks: kv block ", kb, " is listed twice for q block ",
+                 row % nq);
+      cell = mark;
+    }
+  }
+}
+
 // Work of classifying one block, in the FLOPs one thread of the flash kernels does
 // meanwhile: about 60 ns (a causal mask decided by interval analysis alone,
 // bench/block_mask_build.cpp on one thread) at 50 GFLOP/s. Blocks that need their elements
@@ -77,18 +139,25 @@ constexpr double kClassifyBlockFlops = 3000;
 BlockMask create_block_mask(const MaskMod& mask_mod, int64_t batch, int64_t num_heads,
                             int64_t q_len, int64_t kv_len, int64_t block_size) {
   return create_block_mask(Program::from_mask_mod(mask_mod), batch, num_heads, q_len, kv_len,
-                           block_size);
+                           block_size, block_size);
 }
 
 BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_heads,
                             int64_t q_len, int64_t kv_len, int64_t block_size) {
+  return create_block_mask(mask_mod, batch, num_heads, q_len, kv_len, block_size, block_size);
+}
+
+BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_heads,
+                            int64_t q_len, int64_t kv_len, int64_t q_block_size,
+                            int64_t kv_block_size) {
   SDPA_CHECK(mask_mod.is_mask(), "create_block_mask: expected a mask_mod program, got a "
              "score_mod");
   SDPA_CHECK(batch >= 1 && num_heads >= 1, "create_block_mask: expected B >= 1 and H >= 1, got ",
              batch, " and ", num_heads);
   SDPA_CHECK(q_len >= 0 && kv_len >= 0, "create_block_mask: expected non-negative Q_LEN and "
              "KV_LEN, got ", q_len, " and ", kv_len);
-  SDPA_CHECK(block_size >= 1, "create_block_mask: expected BLOCK_SIZE >= 1, got ", block_size);
+  SDPA_CHECK(q_block_size >= 1 && kv_block_size >= 1, "create_block_mask: expected BLOCK_SIZE "
+             ">= 1, got (", q_block_size, ", ", kv_block_size, ")");
   const CompiledProgram& prog = *mask_mod.compiled();
   BlockMask m;
   // A mask that ignores b (or h) is stored once and broadcast (FlexAttention does the same
@@ -97,18 +166,12 @@ BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_
   m.num_heads = prog.uses_head ? num_heads : 1;
   m.q_len = q_len;
   m.kv_len = kv_len;
-  m.q_block_size = m.kv_block_size = block_size;
+  m.q_block_size = q_block_size;
+  m.kv_block_size = kv_block_size;
   m.mask_mod = mask_mod;
   const int64_t nq = m.num_q_blocks(), nkv = m.num_kv_blocks();
   const int64_t bh = m.batch * m.num_heads;
-  m.kv_num_blocks = Tensor::empty({m.batch, m.num_heads, nq}, DType::kInt32);
-  m.kv_indices = Tensor::empty({m.batch, m.num_heads, nq, nkv}, DType::kInt32);
-  m.full_kv_num_blocks = Tensor::empty({m.batch, m.num_heads, nq}, DType::kInt32);
-  m.full_kv_indices = Tensor::empty({m.batch, m.num_heads, nq, nkv}, DType::kInt32);
-  m.q_num_blocks = Tensor::empty({m.batch, m.num_heads, nkv}, DType::kInt32);
-  m.q_indices = Tensor::empty({m.batch, m.num_heads, nkv, nq}, DType::kInt32);
-  m.full_q_num_blocks = Tensor::empty({m.batch, m.num_heads, nkv}, DType::kInt32);
-  m.full_q_indices = Tensor::empty({m.batch, m.num_heads, nkv, nq}, DType::kInt32);
+  allocate_lists(m);
 
   std::exception_ptr error;
   std::mutex error_mutex;
@@ -121,9 +184,9 @@ BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_
 #pragma omp for schedule(dynamic, 1)
       for (int64_t qb = 0; qb < nq; ++qb) {
         try {
-          const int64_t q0 = qb * block_size, q1 = std::min(q_len, q0 + block_size);
+          const int64_t q0 = qb * q_block_size, q1 = std::min(q_len, q0 + q_block_size);
           for (int64_t kb = 0; kb < nkv; ++kb) {
-            const int64_t k0 = kb * block_size, k1 = std::min(kv_len, k0 + block_size);
+            const int64_t k0 = kb * kv_block_size, k1 = std::min(kv_len, k0 + kv_block_size);
             const IndexBlock block{b, h, q0, q1 - 1, k0, k1 - 1};
             bool reads_in_bounds = true;
             BlockVerdict v = classify_block(prog, mask_mod.captured(), block, &reads_in_bounds);
@@ -141,17 +204,44 @@ BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_
       }
     });
     if (error) std::rethrow_exception(error);
-    // The kv lists run along the grid's rows (per q block), the q lists down its columns.
-    const StatusGrid by_q{status, nq, nkv, false}, by_kv{status, nkv, nq, true};
-    fill_lists(by_q, kPartial, {m.kv_num_blocks.data<int32_t>() + item * nq,
-                                m.kv_indices.data<int32_t>() + item * nq * nkv});
-    fill_lists(by_q, kFull, {m.full_kv_num_blocks.data<int32_t>() + item * nq,
-                             m.full_kv_indices.data<int32_t>() + item * nq * nkv});
-    fill_lists(by_kv, kPartial, {m.q_num_blocks.data<int32_t>() + item * nkv,
-                                 m.q_indices.data<int32_t>() + item * nkv * nq});
-    fill_lists(by_kv, kFull, {m.full_q_num_blocks.data<int32_t>() + item * nkv,
-                              m.full_q_indices.data<int32_t>() + item * nkv * nq});
+    fill_item(m, item, status);
   }
+  return m;
+}
+
+BlockMask block_mask_from_kv_blocks(const KvBlocks& blocks, int64_t q_len, int64_t kv_len,
+                                    int64_t q_block_size, int64_t kv_block_size,
+                                    std::optional<Program> mask_mod) {
+  SDPA_CHECK(blocks.num.defined() && blocks.indices.defined(), "from_kv_blocks: expected "
+             "kv_num_blocks and kv_indices");
+  SDPA_CHECK(blocks.full_num.defined() == blocks.full_indices.defined(), "from_kv_blocks: "
+             "expected both full_kv_num_blocks and full_kv_indices, or neither");
+  SDPA_CHECK(q_len >= 0 && kv_len >= 0, "from_kv_blocks: expected non-negative Q_LEN and "
+             "KV_LEN, got ", q_len, " and ", kv_len);
+  SDPA_CHECK(q_block_size >= 1 && kv_block_size >= 1, "from_kv_blocks: expected BLOCK_SIZE "
+             ">= 1, got (", q_block_size, ", ", kv_block_size, ")");
+  SDPA_CHECK(!mask_mod || mask_mod->is_mask(), "from_kv_blocks: expected a mask_mod program, "
+             "got a score_mod");
+  SDPA_CHECK(blocks.num.dim() == 3 && blocks.num.size(0) >= 1 && blocks.num.size(1) >= 1,
+             "from_kv_blocks: expected kv_num_blocks of shape [B, H, q blocks], got ",
+             shape_str(blocks.num.sizes()));
+  BlockMask m;
+  m.batch = blocks.num.size(0);
+  m.num_heads = blocks.num.size(1);
+  m.q_len = q_len;
+  m.kv_len = kv_len;
+  m.q_block_size = q_block_size;
+  m.kv_block_size = kv_block_size;
+  m.mask_mod = std::move(mask_mod);
+  const int64_t nq = m.num_q_blocks(), nkv = m.num_kv_blocks();
+  std::vector<std::vector<uint8_t>> grids(static_cast<size_t>(m.batch * m.num_heads),
+                                          std::vector<uint8_t>(nq * nkv, kEmpty));
+  mark_listed(m, blocks.num, blocks.indices, "kv", kPartial, grids);
+  if (blocks.full_num.defined()) {
+    mark_listed(m, blocks.full_num, blocks.full_indices, "full_kv", kFull, grids);
+  }
+  allocate_lists(m);
+  for (int64_t item = 0; item < m.batch * m.num_heads; ++item) fill_item(m, item, grids[item]);
   return m;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "flash_check.h"
 #include "flex/node.h"
 #include "flex_test_util.h"
 #include "sdpa/flex_mods.h"
@@ -41,16 +42,21 @@ struct DenseMask {
   }
 };
 
+// Blocks of q_block query rows by kv_block keys.
+struct Blocks {
+  int64_t q, kv;
+};
+
 // Dense block states [nq][nkv] of (b, h).
-std::vector<std::string> dense_states(const DenseMask& dense, int64_t b, int64_t h, int64_t block) {
+std::vector<std::string> dense_states(const DenseMask& dense, int64_t b, int64_t h, Blocks block) {
   const int64_t L = dense.L, S = dense.S;
-  const int64_t nq = (L + block - 1) / block, nkv = (S + block - 1) / block;
+  const int64_t nq = (L + block.q - 1) / block.q, nkv = (S + block.kv - 1) / block.kv;
   std::vector<std::string> states(nq, std::string(nkv, kEmptyBlock));
   for (int64_t qb = 0; qb < nq; ++qb) {
     for (int64_t kb = 0; kb < nkv; ++kb) {
       bool any_true = false, any_false = false;
-      for (int64_t i = qb * block; i < std::min(L, (qb + 1) * block); ++i) {
-        for (int64_t j = kb * block; j < std::min(S, (kb + 1) * block); ++j) {
+      for (int64_t i = qb * block.q; i < std::min(L, (qb + 1) * block.q); ++i) {
+        for (int64_t j = kb * block.kv; j < std::min(S, (kb + 1) * block.kv); ++j) {
           (dense.keep[b][h][i * S + j] ? any_true : any_false) = true;
         }
       }
@@ -88,18 +94,18 @@ std::vector<std::string> dense_states(const DenseMask& dense, int64_t b, int64_t
 
 // Checks every list of `bm` against dense evaluation of `mask` for B x H.
 void check_block_mask(const BlockMask& bm, const Program& mask, const DenseMask& dense,
-                      int64_t block) {
+                      Blocks block) {
   const int64_t B = dense.B, H = dense.H, L = dense.L, S = dense.S;
   const auto& prog = *mask.compiled();
   EXPECT_EQ(bm.batch, prog.uses_batch ? B : 1);
   EXPECT_EQ(bm.num_heads, prog.uses_head ? H : 1);
   EXPECT_EQ(bm.q_len, L);
   EXPECT_EQ(bm.kv_len, S);
-  EXPECT_EQ(bm.q_block_size, block);
-  EXPECT_EQ(bm.kv_block_size, block);
+  EXPECT_EQ(bm.q_block_size, block.q);
+  EXPECT_EQ(bm.kv_block_size, block.kv);
   const int64_t nq = bm.num_q_blocks(), nkv = bm.num_kv_blocks();
-  EXPECT_EQ(nq, (L + block - 1) / block);
-  EXPECT_EQ(nkv, (S + block - 1) / block);
+  EXPECT_EQ(nq, (L + block.q - 1) / block.q);
+  EXPECT_EQ(nkv, (S + block.kv - 1) / block.kv);
   const Shape kv_num{bm.batch, bm.num_heads, nq}, kv_idx{bm.batch, bm.num_heads, nq, nkv};
   const Shape q_num{bm.batch, bm.num_heads, nkv}, q_idx{bm.batch, bm.num_heads, nkv, nq};
   for (const auto& [t, shape, name] :
@@ -185,14 +191,17 @@ TEST(FlexBlockMask, StandardMasksMatchDenseEvaluation) {
       if (m.needs_square && L != S) continue;
       const Program mask = Program::from_mask_mod(m.mod);
       const DenseMask dense(mask, B, H, L, S);
-      for (int64_t block : {1, 16, 64, 128}) {
-        if (block == 1 && L * S > 5000) continue;
+      // Square blocks, and torch's non-square BLOCK_SIZE=(q, kv) both ways.
+      for (const Blocks block : {Blocks{1, 1}, Blocks{16, 16}, Blocks{64, 64}, Blocks{128, 128},
+                                 Blocks{16, 64}, Blocks{128, 7}}) {
+        if (block.q * block.kv == 1 && L * S > 5000) continue;
         SCOPED_TRACE(m.name + " L=" + std::to_string(L) + " S=" + std::to_string(S) +
-                     " block=" + std::to_string(block));
-        const BlockMask bm = sdpa::flex::create_block_mask(mask, B, H, L, S, block);
+                     " block=" + std::to_string(block.q) + "x" + std::to_string(block.kv));
+        const BlockMask bm = sdpa::flex::create_block_mask(mask, B, H, L, S, block.q, block.kv);
         check_block_mask(bm, mask, dense, block);
-        // The MaskMod overload builds the same mask.
-        const BlockMask again = sdpa::flex::create_block_mask(m.mod, B, H, L, S, block);
+        if (block.q != block.kv) continue;
+        // The square overloads build the same mask.
+        const BlockMask again = sdpa::flex::create_block_mask(m.mod, B, H, L, S, block.q);
         EXPECT_EQ(values(again.kv_indices), values(bm.kv_indices));
         EXPECT_EQ(values(again.full_kv_indices), values(bm.full_kv_indices));
       }
@@ -383,6 +392,91 @@ TEST(FlexBlockMask, FullyMaskedRowsGiveZeros) {
     EXPECT_TRUE(all_close(g.grad_k, ggold.dk, tolerance(DType::kFloat32, naive.dk, kFudgeGradK), "grad_k"));
     EXPECT_TRUE(all_close(g.grad_v, ggold.dv, tolerance(DType::kFloat32, naive.dv, kFudgeGradV), "grad_v"));
   }
+}
+
+// Non-square blocks (torch's BLOCK_SIZE=(q, kv)): FLASH and MATH read them in the forward
+// and the backward (whose q-side lists transpose the grid) as the reference says.
+TEST(FlexBlockMask, NonSquareBlocksAttendAsTheReference) {
+  const int64_t B = 2, Hq = 4, Hkv = 2, L = 130, S = 97;
+  const Inputs in = inputs(B, Hq, Hkv, L, S, 16, 8, 600);
+  const MaskMod band = [](const Expr&, const Expr& h, const Expr& q, const Expr& kv) {
+    return (kv <= q) & (q - kv <= Expr(40) + h * 5);
+  };
+  RefMods ref;
+  ref.keep = [](int64_t, int64_t h, int64_t i, int64_t j) { return j <= i && i - j <= 40 + h * 5; };
+  SDPAOptions opts;
+  opts.enable_gqa = true;
+  const double scale = 1.0 / std::sqrt(16.0);
+  const RefForward gold = reference_forward(in.q, in.k, in.v, scale, ref);
+  const RefGrads ggold = reference_backward(in.dout, in.q, in.k, in.v, scale, ref);
+  for (const Blocks block : {Blocks{16, 64}, Blocks{64, 16}, Blocks{128, 7}}) {
+    SCOPED_TRACE(std::to_string(block.q) + "x" + std::to_string(block.kv));
+    const BlockMask bm =
+        sdpa::flex::create_block_mask(Program::from_mask_mod(band), B, Hq, L, S, block.q, block.kv);
+    check_flash_against(in, std::nullopt, &bm, opts, gold, ggold);
+  }
+}
+
+// BlockMasks from block lists (torch's BlockMask.from_kv_blocks): the lists of a built mask
+// give back the same mask; without a mask_mod, listed blocks are kept whole, which FLASH
+// and MATH follow; bad lists are errors naming the list.
+TEST(FlexBlockMask, FromKvBlocksRoundTripsAndKeepsListedBlocksWhole) {
+  const Program window = Program::from_mask_mod(mods::sliding_window(20));
+  const BlockMask built = sdpa::flex::create_block_mask(window, 1, 2, 100, 90, 16, 32);
+  const BlockMask again = sdpa::flex::block_mask_from_kv_blocks(
+      {built.kv_num_blocks, built.kv_indices, built.full_kv_num_blocks, built.full_kv_indices},
+      100, 90, 16, 32, window);
+  for (const auto& [a, b] : {std::pair{&built.kv_indices, &again.kv_indices},
+                             {&built.full_kv_num_blocks, &again.full_kv_num_blocks},
+                             {&built.q_indices, &again.q_indices},
+                             {&built.full_q_indices, &again.full_q_indices}}) {
+    EXPECT_EQ(values(*a), values(*b));
+  }
+
+  // Per q block of 16 rows: kv blocks of 32 listed in reverse order, row 3 listing none.
+  const int64_t B = 1, H = 2, L = 70, S = 90, nq = 5;
+  Tensor num = Tensor::zeros({1, 1, nq}, DType::kInt32).expand({B, H, nq});
+  Tensor idx = Tensor::zeros({B, H, nq, 3}, DType::kInt64);
+  const std::vector<std::vector<int64_t>> listed = {{0}, {2, 0}, {1}, {}, {2, 1, 0}};
+  Tensor counts = Tensor::empty({B, H, nq}, DType::kInt32);
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t qb = 0; qb < nq; ++qb) {
+      counts.set_item(Shape{0, h, qb}, static_cast<double>(listed[qb].size()));
+      for (size_t e = 0; e < listed[qb].size(); ++e) {
+        idx.set_item(Shape{0, h, qb, static_cast<int64_t>(e)}, static_cast<double>(listed[qb][e]));
+      }
+    }
+  }
+  const BlockMask blocks = sdpa::flex::block_mask_from_kv_blocks({counts, idx, {}, {}}, L, S, 16, 32);
+  const Inputs in = inputs(B, H, H, L, S, 8, 8, 700);
+  RefMods ref;
+  ref.keep = [&](int64_t, int64_t, int64_t i, int64_t j) {
+    const auto& kv = listed[i / 16];
+    return std::find(kv.begin(), kv.end(), j / 32) != kv.end();
+  };
+  const double scale = 1.0 / std::sqrt(8.0);
+  check_flash_against(in, std::nullopt, &blocks, {}, reference_forward(in.q, in.k, in.v, scale, ref),
+                      reference_backward(in.dout, in.q, in.k, in.v, scale, ref));
+
+  auto error = [&](const sdpa::flex::KvBlocks& b) {
+    try {
+      (void)sdpa::flex::block_mask_from_kv_blocks(b, L, S, 16, 32);
+    } catch (const sdpa::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Tensor twice = idx.clone();
+  twice.set_item(Shape{0, 0, 1, 1}, 2.0);
+  EXPECT_NE(error({counts, twice, {}, {}}).find("kv block 2 is listed twice for q block 1"),
+            std::string::npos);
+  Tensor far = idx.clone();
+  far.set_item(Shape{0, 1, 0, 0}, 3.0);
+  EXPECT_NE(error({counts, far, {}, {}}).find("kv_indices: expected kv block indices in [0, 3), got 3"),
+            std::string::npos);
+  EXPECT_NE(error({num.slice(2, 0, 4), idx, {}, {}}).find("expected kv_num_blocks of shape [1, 2, 5]"),
+            std::string::npos);
+  EXPECT_NE(error({counts, idx, counts, {}}).find("or neither"), std::string::npos);
 }
 
 }  // namespace

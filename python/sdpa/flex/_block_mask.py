@@ -23,6 +23,29 @@ class BlockMask:
     of (b=0, h=0) ('#' full, '+' partial, '.' empty) with the sparsity.
     """
 
+    @classmethod
+    def from_kv_blocks(cls, kv_num_blocks: Any, kv_indices: Any, full_kv_num_blocks: Any = None,
+                       full_kv_indices: Any = None, BLOCK_SIZE: Any = 128,  # noqa: N803
+                       mask_mod: Optional[Callable] = None, seq_lengths: Any = None,
+                       compute_q_blocks: bool = True) -> "BlockMask":
+        """torch's BlockMask.from_kv_blocks: a BlockMask from kv-side block lists (any
+        array with __dlpack__): kv_num_blocks [B, H, q_blocks] and kv_indices [B, H,
+        q_blocks, n] (the first count entries of a row name its partial kv blocks, in any
+        order), optional full_* lists of the same shapes. Partial blocks run ``mask_mod``
+        (without one they are kept whole), full blocks skip it. seq_lengths defaults to
+        (q_blocks * q block, n * kv block). ``compute_q_blocks`` is accepted for torch
+        compatibility: the q-side lists are always derived. Raises sdpa.Error for bad
+        shapes, counts, indices out of range or a block listed twice."""
+        q_block, kv_block = _block_sizes(BLOCK_SIZE)
+        if seq_lengths is None:
+            seq_lengths = (kv_indices.shape[-2] * q_block, kv_indices.shape[-1] * kv_block)
+        program = None if mask_mod is None or mask_mod is noop_mask else \
+            trace(mask_mod, is_mask=True)[0]
+        cpp = _C.block_mask_from_kv_blocks(kv_num_blocks, kv_indices, full_kv_num_blocks,
+                                           full_kv_indices, int(seq_lengths[0]),
+                                           int(seq_lengths[1]), q_block, kv_block, program)
+        return cls(cpp, mask_mod or noop_mask, cpp.batch, cpp.num_heads)
+
     _FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
                "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 
@@ -32,7 +55,7 @@ class BlockMask:
         self._cpp, self.mask_mod = cpp, mask_mod
         self.shape = (B, H, cpp.q_len, cpp.kv_len)
         self.seq_lengths = (cpp.q_len, cpp.kv_len)
-        self.BLOCK_SIZE = (cpp.block_size, cpp.block_size)
+        self.BLOCK_SIZE = (cpp.q_block_size, cpp.kv_block_size)
 
     def __getattr__(self, name: str) -> Any:
         if name in BlockMask._FIELDS:
@@ -106,54 +129,59 @@ class BlockMask:
         fig.savefig(path, format="png")
 
 
-def _block_size(BLOCK_SIZE: Any) -> int:  # noqa: N803 (torch's argument name)
+def _block_sizes(BLOCK_SIZE: Any) -> tuple:  # noqa: N803 (torch's argument name)
+    """(q block, kv block) from an int or a (q, kv) pair."""
     if isinstance(BLOCK_SIZE, (tuple, list)):
-        if len(BLOCK_SIZE) != 2 or BLOCK_SIZE[0] != BLOCK_SIZE[1]:
-            raise ValueError(f"create_block_mask: BLOCK_SIZE {tuple(BLOCK_SIZE)}: only square "
-                             "blocks (one size, or (n, n)) are supported")
-        BLOCK_SIZE = BLOCK_SIZE[0]
-    return int(BLOCK_SIZE)
+        if len(BLOCK_SIZE) != 2:
+            raise ValueError(f"create_block_mask: BLOCK_SIZE {tuple(BLOCK_SIZE)}: expected an "
+                             "int or a (q, kv) pair")
+        return int(BLOCK_SIZE[0]), int(BLOCK_SIZE[1])
+    return int(BLOCK_SIZE), int(BLOCK_SIZE)
 
 
 def create_block_mask(mask_mod: Callable, B: Optional[int], H: Optional[int], Q_LEN: int,
                       KV_LEN: int, device: Any = None, BLOCK_SIZE: Any = 128,
                       _compile: bool = False) -> BlockMask:
     """FlexAttention's create_block_mask: the blocks of ``mask_mod(b, h, q_idx, kv_idx)``
-    (a bool-valued mod, traced once) over [B, H, Q_LEN, KV_LEN] with square blocks of
-    BLOCK_SIZE (an int or (n, n)). B or H None means 1 (broadcast). Blocks are decided
+    (a bool-valued mod, traced once) over [B, H, Q_LEN, KV_LEN] with blocks of BLOCK_SIZE
+    (an int, or a (q rows, kv columns) pair as torch's). B or H None means 1 (broadcast). Blocks are decided
     by interval analysis of the traced program where possible and element by element
     otherwise; memory is O(blocks), never a dense mask. ``device`` and ``_compile`` are
     accepted for torch compatibility and ignored (the library runs on the CPU).
 
     Raises TypeError for an untraceable mod, sdpa.Error for B or H < 1, negative lengths,
     BLOCK_SIZE < 1, a mod that does not return bool, or a captured tensor read out of
-    range; ValueError for non-square BLOCK_SIZE.
+    range; ValueError for a BLOCK_SIZE sequence that is not a pair.
     """
     program, _ = trace(mask_mod, is_mask=True)
     B, H = 1 if B is None else int(B), 1 if H is None else int(H)
-    cpp = _C.create_block_mask(program, B, H, int(Q_LEN), int(KV_LEN), _block_size(BLOCK_SIZE))
+    cpp = _C.create_block_mask(program, B, H, int(Q_LEN), int(KV_LEN), *_block_sizes(BLOCK_SIZE))
     return BlockMask(cpp, mask_mod, B, H)
+
+
+def _contiguous(t: Any) -> Any:
+    return None if t is None else t.contiguous()
 
 
 def as_block_mask(block_mask: Any) -> Optional[BlockMask]:
     """An sdpa BlockMask for flex_attention's argument: None, an sdpa BlockMask, or a
-    torch.nn.attention.flex_attention.BlockMask, rebuilt from its mask_mod, sizes and
-    block size (a torch mask built from block indices alone, whose mask_mod keeps
-    everything, cannot be rebuilt: ValueError). Raises TypeError for other objects."""
+    torch.nn.attention.flex_attention.BlockMask, taken over with its own block lists,
+    sizes and block size and its traced mask_mod (torch's noop_mask, the mask of one
+    made from block indices alone, is left out: its listed blocks are kept whole).
+    Raises TypeError for other objects."""
     if block_mask is None or isinstance(block_mask, BlockMask):
         return block_mask
     torch_type = type(block_mask)
     if torch_type.__name__ == "BlockMask" and torch_type.__module__.startswith("torch."):
-        from torch.nn.attention.flex_attention import noop_mask
+        from torch.nn.attention.flex_attention import noop_mask as torch_noop
 
-        if block_mask.mask_mod is noop_mask and block_mask.sparsity() > 0:
-            raise ValueError("flex_attention: a torch BlockMask without a mask_mod (built from "
-                             "block indices) cannot be converted; build it with "
-                             "sdpa.create_block_mask(mask_mod, ...)")
-        B, H = block_mask.kv_num_blocks.shape[:2]
-        q_block, kv_block = block_mask.BLOCK_SIZE
-        return create_block_mask(block_mask.mask_mod, B, H, *block_mask.seq_lengths,
-                                 BLOCK_SIZE=max(q_block, kv_block))
+        mask_mod = None if block_mask.mask_mod is torch_noop else block_mask.mask_mod
+        # A B or H of 1 in torch's lists broadcasts, as in sdpa's.
+        return BlockMask.from_kv_blocks(
+            block_mask.kv_num_blocks.contiguous(), block_mask.kv_indices.contiguous(),
+            _contiguous(block_mask.full_kv_num_blocks), _contiguous(block_mask.full_kv_indices),
+            BLOCK_SIZE=tuple(block_mask.BLOCK_SIZE), mask_mod=mask_mod,
+            seq_lengths=tuple(block_mask.seq_lengths))
     raise TypeError(f"block_mask: expected an sdpa.BlockMask (sdpa.create_block_mask), got "
                     f"{torch_type.__module__}.{torch_type.__qualname__}")
 
