@@ -299,3 +299,31 @@ def test_more_flexattention_examples_match_torch(torch_flex):
         want = tf.flex_attention(q, k, v, score_mod=score_mod, block_mask=theirs_mask)
         torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5,
                                    msg=f"{score_mod and score_mod.__name__}, {mask_mod}")
+
+
+def test_block_masks_from_torch_inputs_hold_torch_tensors(torch_flex):
+    """torch's helpers (paged attention) call block_mask.kv_num_blocks.clone(): a mask made
+    with a torch device, a mod reading torch tensors, or torch lists holds torch tensors."""
+    torch, tf = torch_flex
+    doc = torch.repeat_interleave(torch.arange(3), torch.tensor([30, 50, 20]))
+    same_doc = lambda b, h, q_idx, kv_idx: doc[q_idx] == doc[kv_idx]  # noqa: E731
+    causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx  # noqa: E731
+    plain = sdpa.create_block_mask(causal, 2, None, 100, 100, BLOCK_SIZE=16)
+    assert isinstance(plain.kv_num_blocks, np.ndarray)
+    theirs = tf.create_block_mask(same_doc, 2, 1, 100, 100, device="cpu", BLOCK_SIZE=16)
+    for ours in (sdpa.create_block_mask(causal, 2, None, 100, 100, device="cpu", BLOCK_SIZE=16),
+                 sdpa.create_block_mask(same_doc, 2, None, 100, 100, BLOCK_SIZE=16),
+                 sdpa.flex.BlockMask.from_kv_blocks(theirs.kv_num_blocks, theirs.kv_indices,
+                                                    theirs.full_kv_num_blocks,
+                                                    theirs.full_kv_indices, BLOCK_SIZE=16,
+                                                    mask_mod=same_doc)):
+        for name in ("kv_num_blocks", "kv_indices", "full_q_indices"):
+            field = getattr(ours, name)
+            assert isinstance(field, torch.Tensor) and field.dtype == torch.int32, name
+            assert field.shape[:2] == (2, 1) and field.clone().shape == field.shape
+        assert isinstance(ours.to_dense(), torch.Tensor)
+    doc_mask = sdpa.create_block_mask(same_doc, 2, None, 100, 100, BLOCK_SIZE=16)
+    torch.testing.assert_close(doc_mask.to_dense() > 0, theirs.to_dense() > 0)
+    np.testing.assert_array_equal(
+        sdpa.create_block_mask(causal, 2, None, 100, 100, device="cpu", BLOCK_SIZE=16)
+        .kv_num_blocks.numpy(), plain.kv_num_blocks)

@@ -3,9 +3,10 @@ O(blocks) memory, with its index arrays, a text picture and a matplotlib renderi
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Optional
 
-from .. import _C
+from .. import _C, _convert
 from ._trace import trace
 
 
@@ -13,8 +14,9 @@ class BlockMask:
     """FlexAttention's BlockMask, made by :func:`create_block_mask`.
 
     Attributes: ``shape`` (B, H, Q_LEN, KV_LEN), ``BLOCK_SIZE`` (q, kv), ``seq_lengths``
-    (Q_LEN, KV_LEN), ``mask_mod``, and the index arrays (numpy int32, read-only views of
-    the C++ ones): kv_num_blocks / full_kv_num_blocks [B, H, q_blocks], kv_indices /
+    (Q_LEN, KV_LEN), ``mask_mod``, and the index arrays (int32 views of the C++ ones:
+    torch tensors for a mask made from torch inputs — a torch ``device``, a mod reading
+    torch tensors, torch block lists — else read-only numpy arrays): kv_num_blocks / full_kv_num_blocks [B, H, q_blocks], kv_indices /
     full_kv_indices [B, H, q_blocks, kv_blocks] (the first num_blocks entries of each
     row valid, ascending), and the q-side transposes q_num_blocks / full_q_num_blocks
     [B, H, kv_blocks], q_indices / full_q_indices [B, H, kv_blocks, q_blocks]. "kv" lists
@@ -44,15 +46,17 @@ class BlockMask:
         cpp = _C.block_mask_from_kv_blocks(kv_num_blocks, kv_indices, full_kv_num_blocks,
                                            full_kv_indices, int(seq_lengths[0]),
                                            int(seq_lengths[1]), q_block, kv_block, program)
-        return cls(cpp, mask_mod or noop_mask, cpp.batch, cpp.num_heads)
+        torch_lists = _convert.is_torch_tensor(kv_num_blocks)
+        return cls(cpp, mask_mod or noop_mask, cpp.batch, cpp.num_heads, torch_lists)
 
     _FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
                "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 
-    def __init__(self, cpp: "_C.BlockMask", mask_mod: Callable, B: int, H: int):
+    def __init__(self, cpp: "_C.BlockMask", mask_mod: Callable, B: int, H: int,
+                 torch_arrays: bool = False):
         # The library keeps one batch / head when the mask_mod does not read b / h; the
         # arrays broadcast back to the B and H asked for, as torch's have them.
-        self._cpp, self.mask_mod = cpp, mask_mod
+        self._cpp, self.mask_mod, self._torch_arrays = cpp, mask_mod, torch_arrays
         self.shape = (B, H, cpp.q_len, cpp.kv_len)
         self.seq_lengths = (cpp.q_len, cpp.kv_len)
         self.BLOCK_SIZE = (cpp.q_block_size, cpp.kv_block_size)
@@ -61,8 +65,7 @@ class BlockMask:
         if name in BlockMask._FIELDS:
             import numpy as np
 
-            array = np.from_dlpack(getattr(self._cpp, name))
-            return np.broadcast_to(array, self.shape[:2] + array.shape[2:])
+            return self._framework(np.from_dlpack(getattr(self._cpp, name)))
         raise AttributeError(f"'BlockMask' object has no attribute '{name}'")
 
     def sparsity(self) -> float:
@@ -81,7 +84,18 @@ class BlockMask:
             valid = np.arange(idx.shape[-1]) < num[..., None]  # [B, H, q_blocks, kv_blocks]
             b, h, row, slot = np.nonzero(valid)
             dense[b, h, row, idx[b, h, row, slot]] = value
-        return np.broadcast_to(dense, self.shape[:2] + dense.shape[2:])
+        return self._framework(dense)
+
+    def _framework(self, array: Any) -> Any:
+        """`array` [stored B, stored H, ...] broadcast to (B, H): a torch view or numpy."""
+        shape = self.shape[:2] + array.shape[2:]
+        if self._torch_arrays:
+            import torch
+
+            return torch.from_numpy(array.copy()).expand(shape)
+        import numpy as np
+
+        return np.broadcast_to(array, shape)
 
     def _stored(self, b: int, h: int) -> tuple[int, int]:
         """The library's (b, h) for the asked-for (b, h); IndexError out of range."""
@@ -144,19 +158,23 @@ def create_block_mask(mask_mod: Callable, B: Optional[int], H: Optional[int], Q_
                       _compile: bool = False) -> BlockMask:
     """FlexAttention's create_block_mask: the blocks of ``mask_mod(b, h, q_idx, kv_idx)``
     (a bool-valued mod, traced once) over [B, H, Q_LEN, KV_LEN] with blocks of BLOCK_SIZE
-    (an int, or a (q rows, kv columns) pair as torch's). B or H None means 1 (broadcast). Blocks are decided
-    by interval analysis of the traced program where possible and element by element
-    otherwise; memory is O(blocks), never a dense mask. ``device`` and ``_compile`` are
-    accepted for torch compatibility and ignored (the library runs on the CPU).
+    (an int, or a (q rows, kv columns) pair as torch's). B or H None means 1 (broadcast).
+    Blocks are decided by interval analysis of the traced program where possible and
+    element by element otherwise; memory is O(blocks), never a dense mask. The blocks are
+    computed on the CPU whatever ``device`` says; a ``device`` given with torch loaded, or
+    a mod reading torch tensors, makes the index fields torch tensors (torch's helpers
+    call ``kv_num_blocks.clone()``). ``_compile`` is accepted and ignored.
 
     Raises TypeError for an untraceable mod, sdpa.Error for B or H < 1, negative lengths,
     BLOCK_SIZE < 1, a mod that does not return bool, or a captured tensor read out of
     range; ValueError for a BLOCK_SIZE sequence that is not a pair.
     """
-    program, _ = trace(mask_mod, is_mask=True)
+    program, sources = trace(mask_mod, is_mask=True)
     B, H = 1 if B is None else int(B), 1 if H is None else int(H)
     cpp = _C.create_block_mask(program, B, H, int(Q_LEN), int(KV_LEN), *_block_sizes(BLOCK_SIZE))
-    return BlockMask(cpp, mask_mod, B, H)
+    torch_arrays = (device is not None and "torch" in sys.modules) or any(
+        _convert.is_torch_tensor(a) for a in sources.values())
+    return BlockMask(cpp, mask_mod, B, H, torch_arrays)
 
 
 def _contiguous(t: Any) -> Any:
