@@ -31,6 +31,23 @@ AttentionResult attention_varlen(const Tensor& q, const Tensor& k, const Tensor&
                                  int64_t max_seqlen_q, int64_t max_seqlen_k,
                                  const SequenceOptions& options = {});
 
+/// attention_varlen with keys and values in a paged KV cache (flash-attn's
+/// flash_attn_varlen_func with block_table: chunked prefill over cached pages).
+///   k_pages [num_pages, page_size, Hkv, E], v_pages [num_pages, page_size, Hkv, Ev]: the
+///   page pools (q's dtype); block_table int32 [B, max_pages]: sequence b's key j is row
+///   j % page_size of page block_table[b][j / page_size].
+///   cu_seqlens_k: int32 [B + 1] cumulative key counts (sequence b has
+///   cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys, the first ones of its pages).
+/// Pages are read in place (no gather). Returns as attention_varlen. Throws sdpa::Error
+/// naming the argument for any shape, dtype, offset, length or page index that does not
+/// fit (a sequence needing more pages than its table row holds, a page outside the pool).
+/// Forward only, as flash-attn's paged path.
+AttentionResult attention_varlen_paged(const Tensor& q, const Tensor& k_pages,
+                                       const Tensor& v_pages, const Tensor& cu_seqlens_q,
+                                       const Tensor& cu_seqlens_k, const Tensor& block_table,
+                                       int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                       const SequenceOptions& options = {});
+
 /// Gradients of attention_varlen: grad_out [total_q, Hq, Ev], and out / lse as it
 /// returned them for the same inputs and options. Returns grad_q [total_q, Hq, E],
 /// grad_k [total_k, Hkv, E], grad_v [total_k, Hkv, Ev] (q's dtype; keys of a sequence

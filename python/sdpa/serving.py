@@ -79,7 +79,8 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
                      max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                      window_size: tuple = (-1, -1),
                      alibi_slopes: Optional[Sequence[float]] = None, softcap: float = 0.0,
-                     scale: Optional[float] = None, return_lse: bool = False) -> Any:
+                     scale: Optional[float] = None, return_lse: bool = False,
+                     block_table: Any = None) -> Any:
     """Attention of packed variable-length sequences (flash-attn's flash_attn_varlen_func).
 
     q [total_q, Hq, E], k [total_k, Hkv, E], v [total_k, Hkv, Ev] (float32, bfloat16,
@@ -93,9 +94,25 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     query that sees no key gives 0 (lse -inf). torch tensors get autograd through q, k and
     v (the library's per-sequence FlashAttention-2 backward). Raises sdpa.Error naming the
     argument for bad input.
+
+    With ``block_table`` int32 [B, max_pages], k / v are page pools [num_pages, page_size,
+    Hkv, E/Ev] read in place (chunked prefill over a paged KV cache, as flash-attn's
+    block_table): sequence b's key j is row j % page_size of page block_table[b][j //
+    page_size], and cu_seqlens_k counts each sequence's cached keys. Forward only, as in
+    flash-attn: with torch tensors that require grad it raises sdpa.Error.
     """
     options = _sequence_args(causal, window_size, alibi_slopes, softcap, scale)
     lengths = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
+    if block_table is not None:
+        if _convert.is_torch_tensor(q):
+            import torch
+
+            if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+                raise _C.Error("block_table: the paged varlen path has no backward (as "
+                               "flash-attn's); call it under torch.no_grad()")
+        out, lse, _ = _C.attention_varlen(q, k, v, *lengths, *options, block_table)
+        out = _convert.like(out, q)
+        return (out, _convert.like(lse, q)) if return_lse else out
     if _convert.is_torch_tensor(q):
         from .torch import _varlen_autograd
 

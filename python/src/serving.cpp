@@ -76,17 +76,21 @@ nb::tuple attention_varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle 
                            nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                            bool causal, int64_t window_left, int64_t window_right,
                            std::vector<float> alibi_slopes, double softcap,
-                           std::optional<double> scale) {
+                           std::optional<double> scale, nb::handle block_table) {
   const Tensor query = import_array(q, "q"), keys = import_array(k, "k"),
                values = import_array(v, "v");
   const Tensor cu_q = import_array(cu_seqlens_q, "cu_seqlens_q"),
                cu_k = import_array(cu_seqlens_k, "cu_seqlens_k");
+  const Tensor table = optional_array(block_table, "block_table");
   const SequenceOptions o = sequence_options(causal, window_left, window_right,
                                              std::move(alibi_slopes), softcap, scale);
   AttentionResult r;
   {
     nb::gil_scoped_release release;
-    r = sdpa::attention_varlen(query, keys, values, cu_q, cu_k, max_seqlen_q, max_seqlen_k, o);
+    r = table.defined() ? sdpa::attention_varlen_paged(query, keys, values, cu_q, cu_k, table,
+                                                       max_seqlen_q, max_seqlen_k, o)
+                        : sdpa::attention_varlen(query, keys, values, cu_q, cu_k, max_seqlen_q,
+                                                 max_seqlen_k, o);
   }
   return nb::make_tuple(export_tensor(std::move(r.out)), export_tensor(std::move(r.lse)),
                         r.backend);
@@ -144,7 +148,7 @@ void bind_serving(nb::module_& m) {
         nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("alibi_slopes"), nb::arg("softcap"),
-        nb::arg("scale").none());
+        nb::arg("scale").none(), nb::arg("block_table").none() = nb::none());
   m.def("attention_varlen_backward", &attention_varlen_backward, nb::arg("grad_out"),
         nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
         nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),

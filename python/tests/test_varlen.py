@@ -62,6 +62,48 @@ def test_packed_sequences_match_reference(rng, causal, window):
         assert not got[:, ~seen].any()
 
 
+def test_paged_keys_equal_packed_keys(rng):
+    """block_table: the keys of each sequence in shuffled pages of a pool (flash-attn's
+    paged varlen, chunked prefill) give the packed call's results, through the
+    flash_attn_varlen_func shim too; torch tensors that require grad are refused."""
+    from sdpa.compat import flash_attn as fa
+
+    Hq, Hkv, E, Ev, page = 4, 2, 20, 12, 16
+    lens_k = [5, 7, 0, 65, 0, 90]
+    q = rng.standard_normal((sum(Q_LENS), Hq, E)).astype(np.float32)
+    k = rng.standard_normal((sum(lens_k), Hkv, E)).astype(np.float32)
+    v = rng.standard_normal((sum(lens_k), Hkv, Ev)).astype(np.float32)
+    width = -(-max(lens_k) // page)
+    pages = rng.permutation(len(lens_k) * width + 3).astype(np.int32)
+    table = pages[:len(lens_k) * width].reshape(len(lens_k), width)
+    k_pool = rng.standard_normal((len(pages), page, Hkv, E)).astype(np.float32)
+    v_pool = rng.standard_normal((len(pages), page, Hkv, Ev)).astype(np.float32)
+    ck = _cu(lens_k)
+    for b, n in enumerate(lens_k):
+        for j in range(n):
+            k_pool[table[b, j // page], j % page] = k[ck[b] + j]
+            v_pool[table[b, j // page], j % page] = v[ck[b] + j]
+    args = (_cu(Q_LENS), ck, max(Q_LENS), max(lens_k))
+    want, want_lse = sdpa.attention_varlen(q, k, v, *args, causal=True, return_lse=True)
+    got, lse = sdpa.attention_varlen(q, k_pool, v_pool, *args, causal=True, return_lse=True,
+                                     block_table=table)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-6)
+    shim = fa.flash_attn_varlen_func(q, k_pool, v_pool, *args, causal=True, block_table=table)
+    np.testing.assert_array_equal(shim, got)
+    torch = pytest.importorskip("torch")
+    tq = torch.from_numpy(q).requires_grad_()
+    with pytest.raises(sdpa.Error, match="no backward"):
+        sdpa.attention_varlen(tq, torch.from_numpy(k_pool), torch.from_numpy(v_pool),
+                              *(torch.from_numpy(a) for a in args[:2]), *args[2:],
+                              block_table=torch.from_numpy(table))
+    with torch.no_grad():
+        out = sdpa.attention_varlen(tq, torch.from_numpy(k_pool), torch.from_numpy(v_pool),
+                                    *(torch.from_numpy(a) for a in args[:2]), *args[2:],
+                                    causal=True, block_table=torch.from_numpy(table))
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
 def test_numpy_backward_matches_reference(rng):
     Hq, E = 2, 16
     lens = [9, 33, 1]

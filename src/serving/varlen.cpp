@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,8 +17,9 @@
 namespace sdpa {
 namespace {
 
-// The offsets of cu_seqlens (int32 [B + 1] from 0 to `total`), each length at most
-// max_seqlen; `batch` (B + 1 entries) when known from the other offsets, else -1.
+// The offsets of cu_seqlens (int32 [B + 1] from 0 to `total`, or to any end when total is
+// -1), each length at most max_seqlen; `entries` (B + 1) when known from the other
+// offsets, else -1.
 std::vector<int64_t> read_offsets(const Tensor& cu, const char* name, int64_t total,
                                   int64_t max_seqlen, const char* max_name, int64_t entries) {
   SDPA_CHECK(cu.defined() && cu.dtype() == DType::kInt32, name,
@@ -42,8 +44,8 @@ std::vector<int64_t> read_offsets(const Tensor& cu, const char* name, int64_t to
     SDPA_CHECK(len <= max_seqlen, name, ": sequence ", i - 1, " has length ", len, " above ",
                max_name, " = ", max_seqlen);
   }
-  SDPA_CHECK(offsets.back() == total, name, "[B]: expected the packed length ", total, ", got ",
-             offsets.back());
+  SDPA_CHECK(total < 0 || offsets.back() == total, name, "[B]: expected the packed length ",
+             total, ", got ", offsets.back());
   return offsets;
 }
 
@@ -67,14 +69,18 @@ struct Packing {
   bool runs(int64_t b) const { return q_end(b) > q_begin(b) && k_end(b) > k_begin(b); }
 };
 
-Packing check_packing(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q,
-                      const Tensor& cu_k, int64_t max_q, int64_t max_k, const SequenceOptions& o) {
+void check_query(const Tensor& q) {
   serving::check_dims(q, "q", 3, "[total_q, Hq, E]", "attention_varlen");
-  serving::check_dims(k, "k", 3, "[total_k, Hkv, E]", "attention_varlen");
-  serving::check_dims(v, "v", 3, "[total_k, Hkv, Ev]", "attention_varlen");
   SDPA_CHECK(q.dtype() == DType::kFloat32 || q.dtype() == DType::kBFloat16 ||
                  q.dtype() == DType::kFloat16,
              "q: expected float32, bfloat16 or float16, got ", dtype_name(q.dtype()));
+}
+
+Packing check_packing(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_q,
+                      const Tensor& cu_k, int64_t max_q, int64_t max_k, const SequenceOptions& o) {
+  check_query(q);
+  serving::check_dims(k, "k", 3, "[total_k, Hkv, E]", "attention_varlen");
+  serving::check_dims(v, "v", 3, "[total_k, Hkv, Ev]", "attention_varlen");
   for (const auto& [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
     SDPA_CHECK(t->dtype() == q.dtype(), name, ": expected q's dtype ", dtype_name(q.dtype()),
                ", got ", dtype_name(t->dtype()));
@@ -104,6 +110,34 @@ Packing check_packing(const Tensor& q, const Tensor& k, const Tensor& v, const T
   return p;
 }
 
+// One sequence's keys and values as [1, Hkv, n, E/Ev] views, and the pages they are read
+// through (null for packed tensors).
+struct SequenceKv {
+  Tensor k, v;
+  std::shared_ptr<const KvPages> pages;
+};
+
+// The forward of every sequence of `p` (validated) into packed out [total_q, Hq, Ev] and
+// lse [Hq, total_q]; kv_of(b) gives sequence b's keys and values.
+template <class KvOf>
+AttentionResult run_sequences(const Tensor& q, const Packing& p, int64_t Ev, KvOf&& kv_of) {
+  const int64_t total_q = q.size(0), Hq = q.size(1);
+  AttentionResult result;
+  result.out = Tensor::zeros({total_q, Hq, Ev}, q.dtype());
+  result.lse =
+      Tensor::full({Hq, total_q}, -std::numeric_limits<double>::infinity(), DType::kFloat32);
+  for (int64_t b = 0; b < p.batch(); ++b) {
+    if (!p.runs(b)) continue;
+    const SequenceKv kv = kv_of(b);
+    const AttentionResult r = p.calls[static_cast<size_t>(b)].forward(
+        sequence(q, p.q_begin(b), p.q_end(b)), kv.k, kv.v, kv.pages);
+    result.out.slice(0, p.q_begin(b), p.q_end(b)).copy_(r.out.select(0, 0).transpose(0, 1));
+    result.lse.slice(1, p.q_begin(b), p.q_end(b)).copy_(r.lse.select(0, 0));
+    result.backend = r.backend;
+  }
+  return result;
+}
+
 void check_like(const Tensor& t, const char* name, const Shape& shape, DType dtype) {
   SDPA_CHECK(t.defined() && t.sizes() == shape && t.dtype() == dtype, name, ": expected ",
              dtype_name(dtype), " ", shape_str(shape), ", got ",
@@ -119,21 +153,48 @@ AttentionResult attention_varlen(const Tensor& q, const Tensor& k, const Tensor&
                                  const SequenceOptions& options) {
   const Packing p = check_packing(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, options);
-  const int64_t total_q = q.size(0), Hq = q.size(1), Ev = v.size(2);
-  AttentionResult result;
-  result.out = Tensor::zeros({total_q, Hq, Ev}, q.dtype());
-  result.lse =
-      Tensor::full({Hq, total_q}, -std::numeric_limits<double>::infinity(), DType::kFloat32);
+  return run_sequences(q, p, v.size(2), [&](int64_t b) {
+    return SequenceKv{sequence(k, p.k_begin(b), p.k_end(b)),
+                      sequence(v, p.k_begin(b), p.k_end(b)), nullptr};
+  });
+}
+
+AttentionResult attention_varlen_paged(const Tensor& q, const Tensor& k_pages,
+                                       const Tensor& v_pages, const Tensor& cu_seqlens_q,
+                                       const Tensor& cu_seqlens_k, const Tensor& block_table,
+                                       int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                       const SequenceOptions& options) {
+  check_query(q);
+  SDPA_CHECK(block_table.defined(), "block_table: expected an int32 tensor [B, max_pages], "
+             "got none");
+  Packing p;
+  p.cu_q = read_offsets(cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q",
+                        -1);
+  p.cu_k = read_offsets(cu_seqlens_k, "cu_seqlens_k", -1, max_seqlen_k, "max_seqlen_k",
+                        static_cast<int64_t>(p.cu_q.size()));
+  const serving::CacheLayout cache(k_pages, v_pages, block_table, p.batch(), q.dtype(),
+                                   q.size(2));
+  const int64_t Hq = q.size(1), Hkv = cache.kv_heads();
+  SDPA_CHECK(Hkv > 0 && Hq % Hkv == 0, "q: the query head count ", Hq,
+             " must be a multiple of the kv head count ", Hkv, " (GQA)");
+  serving::check_sequence_options(options, Hq);
+  auto keys = [&](int64_t b) {
+    const int64_t n = p.k_end(b) - p.k_begin(b);
+    return SequenceKv{cache.rows(false, b, n), cache.rows(true, b, n), cache.pages(b)};
+  };
   for (int64_t b = 0; b < p.batch(); ++b) {
+    p.calls.emplace_back(options, p.q_end(b) - p.q_begin(b), p.k_end(b) - p.k_begin(b),
+                         Hq != Hkv);
     if (!p.runs(b)) continue;
-    const AttentionResult r = p.calls[static_cast<size_t>(b)].forward(
-        sequence(q, p.q_begin(b), p.q_end(b)), sequence(k, p.k_begin(b), p.k_end(b)),
-        sequence(v, p.k_begin(b), p.k_end(b)));
-    result.out.slice(0, p.q_begin(b), p.q_end(b)).copy_(r.out.select(0, 0).transpose(0, 1));
-    result.lse.slice(1, p.q_begin(b), p.q_end(b)).copy_(r.lse.select(0, 0));
-    result.backend = r.backend;
+    const int64_t n = p.k_end(b) - p.k_begin(b);
+    SDPA_CHECK(n <= cache.capacity(), "cu_seqlens_k: sequence ", b, " has ", n,
+               " keys, more than its block_table row holds (max_pages * page_size = ",
+               cache.capacity(), ")");
+    cache.check_pages(b, n);
+    const SequenceKv kv = keys(b);
+    p.calls.back().check(sequence(q, p.q_begin(b), p.q_end(b)), kv.k, kv.v);
   }
-  return result;
+  return run_sequences(q, p, cache.value_dim(), keys);
 }
 
 AttentionGradients attention_varlen_backward(const Tensor& grad_out, const Tensor& q,

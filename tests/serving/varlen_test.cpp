@@ -2,14 +2,17 @@
 // from flash-attn's documented flash_attn_varlen_func semantics (each packed sequence
 // attends only to its own keys; bottom-right causal and window per sequence; ALiBi;
 // soft-cap): ragged lengths 0 ... 200 with sequences without queries or keys, GQA,
-// Ev != E, strided inputs, bfloat16; bad packing refused naming the argument.
+// Ev != E, strided inputs, bfloat16; the same with keys in a paged cache
+// (attention_varlen_paged); bad packing and bad pages refused naming the argument.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -20,6 +23,7 @@ namespace sdpa {
 namespace {
 
 using ::testing::HasSubstr;
+using serving_test::int32s;
 using serving_test::randn;
 
 Tensor offsets(const std::vector<int64_t>& lengths) {
@@ -141,7 +145,35 @@ struct Case {
   SequenceOptions options;
   DType dtype = DType::kFloat32;
   bool strided = false;  // q, k, v as transposed views of [H, total, E] storage
+  int64_t page_size = 0;  // > 0: also attention_varlen_paged with the keys in pages
 };
+
+// Packed keys [total_k, H, D] of sequences `lk` spread over shuffled pages of a pool with
+// spare pages (filled with noise); table [B, max pages + 1].
+struct Paged {
+  Tensor k_pool, v_pool, table;
+};
+Paged page(const Tensor& k, const Tensor& v, const std::vector<int64_t>& lk, int64_t page_size) {
+  const int64_t B = static_cast<int64_t>(lk.size());
+  const int64_t width = (*std::max_element(lk.begin(), lk.end()) + page_size - 1) / page_size + 1;
+  const int64_t num_pages = B * width + 2;
+  std::vector<int32_t> ids(static_cast<size_t>(num_pages));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(5));
+  Paged p{randn({num_pages, page_size, k.size(1), k.size(2)}, 6, k.dtype()),
+          randn({num_pages, page_size, v.size(1), v.size(2)}, 7, v.dtype()),
+          int32s(std::vector<int32_t>(ids.begin(), ids.begin() + B * width), {B, width})};
+  int64_t begin = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < lk[static_cast<size_t>(b)]; ++j) {
+      const int64_t id = p.table.data<int32_t>()[b * width + j / page_size];
+      p.k_pool.select(0, id).select(0, j % page_size).copy_(k.select(0, begin + j));
+      p.v_pool.select(0, id).select(0, j % page_size).copy_(v.select(0, begin + j));
+    }
+    begin += lk[static_cast<size_t>(b)];
+  }
+  return p;
+}
 
 void check(const Case& c, double tolerance, bool backward = true) {
   const int64_t tq = total(c.lq), tk = total(c.lk);
@@ -163,6 +195,14 @@ void check(const Case& c, double tolerance, bool backward = true) {
   ASSERT_EQ(r.lse.sizes(), (Shape{c.Hq, tq}));
   EXPECT_LE(max_error(r.out, want.out), tolerance);
   EXPECT_LE(max_error(r.lse, want.lse), tolerance);
+  if (c.page_size > 0) {
+    SCOPED_TRACE("paged, page_size " + std::to_string(c.page_size));
+    const Paged paged = page(k, v, c.lk, c.page_size);
+    const AttentionResult pr = attention_varlen_paged(q, paged.k_pool, paged.v_pool, cu_q, cu_k,
+                                                      paged.table, max_q, max_k, c.options);
+    EXPECT_LE(max_error(pr.out, want.out), tolerance);
+    EXPECT_LE(max_error(pr.lse, want.lse), tolerance);
+  }
   if (!backward) return;
   const AttentionGradients g =
       attention_varlen_backward(grad_out, q, k, v, r.out, r.lse, cu_q, cu_k, max_q, max_k, c.options);
@@ -184,6 +224,43 @@ Case ragged() {
 }
 
 TEST(Varlen, RaggedSequencesMatchReference) { check(ragged(), 2e-5); }
+
+// Chunked prefill over a paged cache (flash_attn_varlen_func with block_table), pages of
+// 16 (the bf16 kernels' page granularity) and of 7 (rows of one key tile span pages).
+TEST(Varlen, PagedKeysMatchReference) {
+  for (int64_t page_size : {16, 7}) {
+    Case c = ragged();
+    c.page_size = page_size;
+    c.options.causal = true;
+    check(c, 2e-5, /*backward=*/false);
+    c.dtype = DType::kBFloat16;
+    c.options.softcap = 3.0;
+    check(c, 3e-2, /*backward=*/false);
+  }
+}
+
+TEST(Varlen, BadPagesNameTheArgument) {
+  const Tensor q = randn({10, 2, 8}, 1), pool = randn({6, 4, 1, 8}, 2);
+  const Tensor cu_q = offsets({4, 6}), cu_k = offsets({5, 7});
+  auto fails = [&](const Tensor& table, const Tensor& ck, const char* what) {
+    try {
+      (void)attention_varlen_paged(q, pool, pool, cu_q, ck, table, 6, 9);
+      ADD_FAILURE() << "expected an error naming " << what;
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(what));
+    }
+  };
+  const Tensor table = int32s({0, 1, 2, 3, 4, 5}, {2, 3});
+  EXPECT_EQ(attention_varlen_paged(q, pool, pool, cu_q, cu_k, table, 6, 9).out.sizes(),
+            (Shape{10, 2, 8}));
+  fails(int32s({0, 1, 2, 3, 6, 5}, {2, 3}), cu_k, "block_table[1][1] = 6 is outside");
+  // Entries past a sequence's pages are not read: an unused -1 is fine.
+  const Tensor unused = int32s({0, 1, -1, 3, 4, -1}, {2, 3});
+  EXPECT_NO_THROW((void)attention_varlen_paged(q, pool, pool, cu_q, cu_k, unused, 6, 9));
+  fails(int32s({0, 1, 2, 3}, {2, 2}), offsets({5, 9}), "sequence 1 has 9 keys, more than");
+  fails(int32s({0, 1, 2}, {1, 3}), cu_k, "block_table: expected an int32 tensor [B = 2");
+  fails(Tensor(), cu_k, "block_table: expected an int32 tensor [B, max_pages], got none");
+}
 
 TEST(Varlen, CausalIsBottomRightPerSequence) {
   Case c = ragged();

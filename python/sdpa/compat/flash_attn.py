@@ -8,8 +8,8 @@ scaled scores. Replace ``from flash_attn import flash_attn_func`` with
 Differences, each raising sdpa.Error rather than computing something else:
 ``dropout_p > 0`` (use ``sdpa.torch.scaled_dot_product_attention`` for attention dropout),
 ``return_attn_probs`` (flash-attn's S_dmask is a debugging output; the logsumexp is
-returned as its second element), ``flash_attn_varlen_func``'s ``block_table``, and
-``flash_attn_with_kvcache``'s ``cache_batch_idx`` and ``cache_leftpad``.
+returned as its second element), and ``flash_attn_with_kvcache``'s ``cache_batch_idx``
+and ``cache_leftpad``.
 ``deterministic`` is accepted: every sdpa CPU path is deterministic.
 """
 
@@ -54,15 +54,15 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
                            alibi_slopes: Optional[Sequence[float]] = None,
                            deterministic: bool = False, return_attn_probs: bool = False,
                            block_table: Any = None) -> Any:
-    """flash_attn_varlen_func: q [total_q, Hq, E], k/v [total_k, Hkv, E/Ev], cu_seqlens
-    int32 [B + 1]. Returns out [total_q, Hq, Ev]; with return_attn_probs (out, softmax_lse
-    [Hq, total_q], None). See sdpa.attention_varlen."""
+    """flash_attn_varlen_func: q [total_q, Hq, E], k/v [total_k, Hkv, E/Ev] (with
+    block_table int32 [B, max_pages]: page pools [num_pages, page_size, Hkv, E/Ev]),
+    cu_seqlens int32 [B + 1]. Returns out [total_q, Hq, Ev]; with return_attn_probs (out,
+    softmax_lse [Hq, total_q], None). See sdpa.attention_varlen."""
     _refuse(dropout_p, "dropout_p", "attention dropout")
-    _refuse(block_table is not None, "block_table", "paged KV cache")
     out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, causal=causal, window_size=window_size,
                                 alibi_slopes=alibi_slopes, softcap=softcap,
-                                scale=softmax_scale, return_lse=True)
+                                scale=softmax_scale, return_lse=True, block_table=block_table)
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -36,7 +36,8 @@ from .mods import (alibi, causal_mask, document, prefix_lm, relative_position, s
                    soft_cap)
 
 __all__ = [
-    "AuxOutput", "AuxRequest", "BlockMask", "TraceError", "alibi", "and_masks", "capture", "causal_mask",
+    "AuxOutput", "AuxRequest", "BlockMask", "TraceError", "alibi", "and_masks", "capture",
+    "causal_mask",
     "create_block_mask", "document", "flex_attention", "flex_attention_backward",
     "noop_mask", "or_masks", "prefix_lm", "relative_position", "sliding_window", "soft_cap",
 ]

@@ -16,8 +16,8 @@ class BlockMask:
     Attributes: ``shape`` (B, H, Q_LEN, KV_LEN), ``BLOCK_SIZE`` (q, kv), ``seq_lengths``
     (Q_LEN, KV_LEN), ``mask_mod``, and the index arrays (int32 views of the C++ ones:
     torch tensors for a mask made from torch inputs — a torch ``device``, a mod reading
-    torch tensors, torch block lists — else read-only numpy arrays): kv_num_blocks / full_kv_num_blocks [B, H, q_blocks], kv_indices /
-    full_kv_indices [B, H, q_blocks, kv_blocks] (the first num_blocks entries of each
+    torch tensors, torch block lists — else read-only numpy arrays): kv_num_blocks /
+    full_kv_num_blocks [B, H, q_blocks], kv_indices / full_kv_indices [B, H, q_blocks, kv_blocks] (the first num_blocks entries of each
     row valid, ascending), and the q-side transposes q_num_blocks / full_q_num_blocks
     [B, H, kv_blocks], q_indices / full_q_indices [B, H, kv_blocks, q_blocks]. "kv" lists
     hold partial blocks (mask_mod evaluated per element), "full_kv" lists blocks whose
