@@ -187,10 +187,27 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, info)
 
 
+def _second_order(query, key, value, attn_mask, bias, grad_out, options, mask_grad):
+    """The gradients as a differentiable graph (_math_grads), for a backward that records
+    one (create_graph=True)."""
+    from ._math_grads import differentiable_grads
+
+    if attn_mask is None and bias:
+        attn_mask = _materialize(_bias.from_spec(bias), query, key)
+    dropout_p, is_causal, scale, enable_gqa = options
+    gq, gk, gv, gm = differentiable_grads(grad_out, query, key, value, attn_mask, dropout_p,
+                                          is_causal, scale, enable_gqa, mask_grad)
+    return gq, gk, gv, gm
+
+
 def _backward(ctx, grad_out, grad_lse, grad_info):
     query, key, value, attn_mask, out, lse, info = ctx.saved_tensors
     bias, dropout_p, is_causal, scale, enable_gqa = ctx.options
     mask_grad = attn_mask is not None and ctx.needs_input_grad[3]
+    if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+        gq, gk, gv, gm = _second_order(query, key, value, attn_mask, bias, grad_out,
+                                       (dropout_p, is_causal, scale, enable_gqa), mask_grad)
+        return gq, gk, gv, gm, None, None, None, None, None, None, None
     gq, gk, gv, gm = torch.ops.sdpa.attention_backward(
         grad_out, query, key, value, out, lse, info, attn_mask, bias, dropout_p, is_causal,
         scale, enable_gqa, mask_grad)
@@ -224,12 +241,16 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        if torch.is_grad_enabled():
-            # create_graph=True: the kernels' gradients are not differentiable, and
-            # once_differentiable makes a second backward raise instead of going wrong.
-            return _EagerAttention._backward_once(ctx, grad_out, grad_lse)
-        # The engine runs a backward without create_graph in no_grad already: skipping
-        # once_differentiable's own no_grad block saves a MiniLM-layer backward 2-5 us.
+        if torch.is_grad_enabled() and grad_out is not None:
+            # create_graph=True: the kernels' gradients are not differentiable; the math
+            # formula's are (second derivatives, gradgradcheck).
+            query, key, value, attn_mask, _, _ = ctx.saved_tensors
+            bias, dropout_p, is_causal, scale, enable_gqa, _ = ctx.options
+            mask_grad = attn_mask is not None and ctx.needs_input_grad[3]
+            grads = _second_order(query, key, value, attn_mask, bias, grad_out,
+                                  (dropout_p, is_causal, scale, enable_gqa), mask_grad)
+            return *grads, *(None,) * 8
+        # The engine runs a backward without create_graph in no_grad already.
         return _EagerAttention._backward(ctx, grad_out, grad_lse)
 
     @staticmethod
@@ -244,8 +265,6 @@ class _EagerAttention(torch.autograd.Function):
                                        mask_grad)
         return gq, gk, gv, (gm if mask_grad else None), *(None,) * 8
 
-    _backward_once = staticmethod(torch.autograd.function.once_differentiable(_backward))
-
 
 def _mask_args(attn_mask: Any, query: Tensor,
                key: Tensor) -> tuple[Optional[Tensor], Optional[str]]:
@@ -259,17 +278,22 @@ def _mask_args(attn_mask: Any, query: Tensor,
         return attn_mask, None
     # A bias the op cannot rebuild (Python subclass, composition with a tensor, ...):
     # materialize it once, here, into the dense mask it stands for.
+    return _materialize(attn_mask, query, key), None
+
+
+def _materialize(bias: Any, query: Tensor, key: Tensor) -> Tensor:
+    """The dense additive mask (query's dtype and device) an attention bias stands for."""
     if query.dim() == 4:
         shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
     else:
         shape = (1, query.shape[0], query.shape[1], key.shape[1])
-    cpp = _bias.to_cpp_mask(attn_mask)
+    cpp = _bias.to_cpp_mask(bias)
     if not isinstance(cpp, _C.AttnBias):
         cpp = _C.tensor_bias(cpp)
     dense = torch.from_dlpack(cpp.materialize(shape, str(query.dtype).removeprefix("torch.")))
     if query.dim() == 3:
         dense = dense.squeeze(0) if dense.dim() == 4 else dense
-    return dense.to(query.device), None
+    return dense.to(query.device)
 
 
 # A call's route (_C.torch_route): through the sdpa::attention op, the kernel directly, or

@@ -321,10 +321,15 @@ def test_eager_gradients_match_the_op(case):
     got = torch.autograd.grad(eager.out, grads_of, g)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
-    with pytest.raises(RuntimeError):  # as the op: no double backward
-        gq = torch.autograd.grad(sdpa.scaled_dot_product_attention(*grads_of[:3], **kw),
-                                 grads_of[0], g, create_graph=True)[0]
-        gq.sum().backward()
+    # Second derivatives: the eager path and the op agree (both differentiate the math
+    # formula; test_double_backward.py checks it against finite differences).
+    second = []
+    for run in (lambda: sdpa.scaled_dot_product_attention(*grads_of[:3], **kw),
+                lambda: _through_op(*grads_of[:3], **kw)[0]):
+        gq = torch.autograd.grad(run(), grads_of[0], g, create_graph=True)[0]
+        second.append(torch.autograd.grad((gq * gq).sum(), grads_of))
+    for a, b in zip(*second):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_eager_dropout_gradients_replay_the_forward_mask():
