@@ -64,7 +64,9 @@ stage=build/gpu/pystage
 rm -rf "$stage" && mkdir -p "$stage" && cp -r python/sdpa "$stage/"
 cp build/gpu/python/_C*.so "$stage/sdpa/" 2>/dev/null
 export PYTHONPATH="$root/$stage:${PYTHONPATH:-}"
-step py_tests python3 -m pytest -q -rs python/tests/test_cuda.py -p no:cacheprovider
+# pytest-xdist, where installed, keeps one crashing test from ending the run.
+xdist=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 4")
+step py_tests python3 -m pytest -q -rs $xdist python/tests/test_cuda.py -p no:cacheprovider
 step bench python3 bench/compare_torch_cuda.py ${quick:+--quick} --json "$out/bench.json"
 
 echo

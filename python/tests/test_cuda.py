@@ -278,9 +278,13 @@ def test_gradients_match_float64(dtype, L, S, is_causal, bshd):
     out.backward(grad_out)
     expected, leaves = _reference(q, k, v, is_causal=is_causal)
     expected.backward(grad_out.cpu().double())
+    # Errors relative to the largest reference gradient: a gradient that is exactly zero
+    # (dq when each query sees one key, L=1 causal) comes back as rounding noise.
+    scale = max(leaf.grad.abs().max().item() for leaf in leaves)
     for name, x, leaf in zip("qkv", (q, k, v), leaves):
         assert x.grad.is_cuda and x.grad.dtype == dtype
-        assert _relative_error(x.grad, leaf.grad) <= GRAD_TOL[dtype], name
+        error = (x.grad.detach().cpu().double() - leaf.grad).abs().max().item() / scale
+        assert error <= GRAD_TOL[dtype], name
 
 
 @gpu
