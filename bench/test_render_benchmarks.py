@@ -36,6 +36,15 @@ class RenderBenchmarks(unittest.TestCase):
         self.assertIn("| float32 | 64 | no | 2.000 | 1.000 | 2.00x | 50.0 | 50% of fp32 |", page)
         self.assertIn("1 case(s) disagreed with torch", page)
 
+    def test_gpu_host_renders_from_its_device_description(self):
+        page = render_benchmarks.render(FIXTURE)
+        self.assertIn("## test-gpu\n\n### Against PyTorch on the GPU", page)
+        self.assertIn("```sh\npython3 bench/compare_torch_cuda.py --json x.json\n```", page)
+        self.assertIn("Test GPU (sm_90, 1 SMs, 1 MiB, driver 13.0); torch 2.0", page)
+        self.assertIn("| 8 | 2 | 4 | 64 | no | fwd | CUDNN_ATTENTION | 1.000 | 500 | 400 | 250 "
+                      "| 1.25 | 2.00 |", page)
+        self.assertIn("µs: sdpa 10.0, torch-cudnn 20.0, torch-flash", page)
+
     def test_no_results_no_numbers(self):
         with tempfile.TemporaryDirectory() as empty:
             page = render_benchmarks.render(Path(empty))
