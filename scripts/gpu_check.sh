@@ -3,7 +3,8 @@
 # and ends with a summary table:
 #   - the C++ suite sdpa_cuda_tests, and again under compute-sanitizer memcheck (the
 #     kernels sdpa owns);
-#   - the Python CUDA tests (torch is the reference) and bench/compare_torch_cuda.py.
+#   - the Python CUDA tests (torch is the reference; torch.compile and a transformers
+#     model on the GPU) and bench/compare_torch_cuda.py.
 #
 #   bash scripts/gpu_check.sh [--quick]     # logs in $GPU_CHECK_OUT (build/gpu-check)
 #
@@ -66,7 +67,7 @@ cp build/gpu/python/_C*.so "$stage/sdpa/" 2>/dev/null
 export PYTHONPATH="$root/$stage:${PYTHONPATH:-}"
 # pytest-xdist, where installed, keeps one crashing test from ending the run.
 xdist=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 4")
-step py_tests python3 -m pytest -q -rs $xdist python/tests/test_cuda.py -p no:cacheprovider
+step py_tests python3 -m pytest -q -rs $xdist python/tests/test_cuda.py python/tests/test_cuda_models.py -p no:cacheprovider
 step bench python3 bench/compare_torch_cuda.py ${quick:+--quick} --json "$out/bench.json"
 
 echo
