@@ -215,6 +215,26 @@ def render_paged_decode(doc: dict) -> list[str]:
                   "✓" if over_copy >= 0.8 else "✗"]]) + [""])
 
 
+def render_chunked_prefill(doc: dict) -> list[str]:
+    cfg, r = doc["config"], doc["results"]
+    ratio = r["paged_over_contiguous"]
+    return (["### Chunked prefill on a paged KV cache", ""] + command_block(doc["command"])
+            + para(
+        f"A chunk of {cfg['chunk_len']} new queries, keys and values (B={cfg['batch']}, "
+        f"Hq={cfg['heads_q']} Hkv={cfg['heads_kv']} E={cfg['head_dim']} {cfg['dtype']}) "
+        f"through attention_with_kvcache: the call appends the chunk at position "
+        f"{cfg['prefix_len']} and attends causally (bottom-right) to the prefix and itself. "
+        f"A paged cache (page size {cfg['page_size']}, pages shuffled through the pool) "
+        "against contiguous caches holding the same rows, timed interleaved (median of "
+        f"{count(cfg['rounds'], 'round')}). Target: paged time at most 1.15 of the "
+        "contiguous one.")
+        + table(["page size", "paged ms", "contiguous ms", "paged GFLOP/s",
+                 "contiguous GFLOP/s", "paged / contiguous", "≤ 1.15"],
+                [[cfg["page_size"], fmt_ms(r["paged_ms"]), fmt_ms(r["contiguous_ms"]),
+                  fmt(r["paged_gflops"], 1), fmt(r["contiguous_gflops"], 1),
+                  f"{ratio:.3f}", "✓" if ratio <= 1.15 else "✗"]]) + [""])
+
+
 def pct_text(r: dict) -> str:
     if r["pct_of_peak"] is None:
         return "-"
@@ -335,6 +355,7 @@ RENDERERS = {
     "block_mask_build": render_block_mask_build,
     "decode_bandwidth": render_decode,
     "paged_decode": render_paged_decode,
+    "chunked_prefill": render_chunked_prefill,
     "compare_torch": render_compare_torch,
     "compare_torch_small": render_small_calls,
     "compare_torch_cuda": render_compare_torch_cuda,

@@ -24,7 +24,7 @@ threads=${SDPA_BENCH_THREADS:-$(nproc)}
 out=bench/results/$1
 for program in "$build/tools/sdpa" "$build/bench/sdpa_mask_ratios" \
                "$build/bench/sdpa_block_mask_build" "$build/bench/sdpa_decode_bandwidth" \
-               "$build/bench/sdpa_paged_decode"; do
+               "$build/bench/sdpa_paged_decode" "$build/bench/sdpa_chunked_prefill"; do
   [[ -x $program ]] || { echo "missing $program: build the release preset first" >&2; exit 1; }
 done
 mkdir -p "$out"
@@ -52,6 +52,8 @@ step "decode bandwidth"
 "$build/bench/sdpa_decode_bandwidth" 30 --json "$out/decode_bandwidth.json"
 step "paged KV-cache decode (about 5 GB of K/V)"
 "$build/bench/sdpa_paged_decode" 7 16 --json "$out/paged_decode.json"
+step "chunked prefill on a paged KV cache"
+"$build/bench/sdpa_chunked_prefill" 7 16 --json "$out/chunked_prefill.json"
 step "comparison with torch"
 if "$python" -c "import torch, sdpa" 2>/dev/null; then
   # It exits 1 when a case disagrees with torch, after writing its JSON (the page marks
