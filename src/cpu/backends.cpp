@@ -28,12 +28,6 @@ bool check_math_device(const AttentionParams& p, Reasons& r) {
   return false;
 }
 
-bool check_flash_cpu_dtype(const AttentionParams& p, Reasons& r) {
-  if (p.dtype != DType::kFloat64) return true;
-  r.add("dtype float64 is not supported (FLASH computes in float32; MATH serves float64)");
-  return false;
-}
-
 bool check_flash_cpu_head_dim(const AttentionParams& p, Reasons& r) {
   if (p.head_dim_qk == 0 || p.head_dim_vo == 0) {
     r.add("head_dim 0: an empty dot product; MATH serves it");
@@ -55,7 +49,6 @@ bool check_flash_cpu_mask_grad(const AttentionParams& p, Reasons& r) {
 
 constexpr NamedCheck kMathChecks[] = {{"device", check_math_device}};
 constexpr NamedCheck kFlashChecks[] = {{"cpu_device", check_cpu_device},
-                                       {"dtype", check_flash_cpu_dtype},
                                        {"head_dim", check_flash_cpu_head_dim},
                                        {"mask_grad", check_flash_cpu_mask_grad}};
 

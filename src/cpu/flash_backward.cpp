@@ -9,6 +9,7 @@
 #include "core/parallel.h"
 #include "core/threading.h"
 #include "cpu/flash_backward_tile.h"
+#include "cpu/flash_f64.h"
 #include "cpu/kernels.h"
 #include "cpu/pack_backward.h"
 #include "cpu/rows.h"
@@ -151,6 +152,7 @@ detail::Work backward_work(const AttentionParams& p) {
 }
 
 void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
+  if (p.dtype == DType::kFloat64) return flash_backward_f64(p, out);
   // Both read the calling thread's capability (a per-thread override in tests).
   const FlashBackwardKernels kernels = flash_backward_kernels_for(active_capability());
   const bool bf16 = uses_bf16_dot(p);

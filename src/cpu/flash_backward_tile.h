@@ -8,18 +8,10 @@
 #include "cpu/capability.h"
 #include "cpu/flash_tile.h"
 #include "cpu/kernel_context.h"
-#include "flex/autodiff.h"
-#include "flex/captured_grads.h"
+#include "cpu/score_mod_grad.h"
 #include "sdpa/params.h"
 
 namespace sdpa::cpu {
-
-/// The derivative of a flex score_mod and the accumulator of its captured tensors'
-/// gradients, shared by all threads of one backward call.
-struct FlexBackward {
-  flex::GradientProgram program;
-  std::optional<flex::CapturedGrads> captured;
-};
 
 /// One thread's float32 working set (E_pad, Ev_pad: head dims rounded up to kMaxLanes):
 ///   probs / dscores [kBlockQ, kBlockKv], dk / dv [kBlockKv, E_pad / Ev_pad],

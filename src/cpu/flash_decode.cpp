@@ -18,7 +18,7 @@
 namespace sdpa::cpu {
 namespace {
 
-// FLASH takes float32, bfloat16 and float16 (check_flash_cpu_dtype).
+// The decode path takes float32, bfloat16 and float16 (float64 runs flash_f64.h).
 bool in_place(const Tensor& rows) { return rows.stride(3) == 1; }
 
 KvRows kv_rows_of(DType dtype) {

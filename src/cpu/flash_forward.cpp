@@ -11,6 +11,7 @@
 #include "core/threading.h"
 #include "cpu/bf16_dot.h"
 #include "cpu/flash_decode.h"
+#include "cpu/flash_f64.h"
 #include "cpu/flash_tile.h"
 #include "cpu/kernels.h"
 #include "cpu/pack.h"
@@ -76,6 +77,7 @@ detail::Work forward_work(const AttentionParams& p) {
 }
 
 void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& lse) {
+  if (p.dtype == DType::kFloat64) return flash_forward_f64(p, out, lse);
   if (use_decode_path(p)) return flash_decode(p, out, lse);
   const FlashQBlockFn q_block = flash_q_block_for(active_capability());
   const int64_t q_blocks = (p.q_len + kBlockQ - 1) / kBlockQ;

@@ -20,7 +20,8 @@ void math_max_scores(const AttentionParams& params, const Tensor& max_scores);
 
 /// FLASH_ATTENTION on CPU: tiled online softmax (Dao et al., FlashAttention-2, 2023) that
 /// never materializes L x S; SIMD level from get_cpu_capability(), OpenMP across
-/// (batch, head, q-block). float32/bfloat16/float16 inputs, float32 compute.
+/// (batch, head, q-block). float32/bfloat16/float16 inputs compute in float32; float64
+/// inputs in float64 (flash_f64.h).
 void flash_forward(const AttentionParams& params, const Tensor& out, const Tensor& lse);
 
 /// Backward kernels read params.grad_out/out/lse and write `outputs` (kernel_io.h).

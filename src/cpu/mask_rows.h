@@ -152,46 +152,59 @@ struct HeadMasking {
   int64_t b, h, q_len, kv_len;
 };
 
-/// Applies every part of the mask to a full score row s[0, kv_len) of query row i, in the
-/// order FLASH uses per tile (tile_ops-inl.h): additive terms (dense float mask, ALiBi),
-/// then the flex score_mod, then the masks (row interval, dense bool mask, BlockMask and
-/// its mask_mod). The scalar float64-capable form used by MATH.
-/// `mod_input`, when non-null, receives the row as score_mod sees it (for the backward).
+/// Applies every part of the mask to the scores of query row i at key columns
+/// [col_begin, col_end), held at s[0, col_end - col_begin), in the order FLASH uses per
+/// tile (tile_ops-inl.h): additive terms (dense float mask, ALiBi), then the flex
+/// score_mod, then the masks (row interval, dense bool mask, BlockMask and its mask_mod).
+/// The scalar float64-capable form used by MATH and the float64 flash kernels.
+/// `mod_input`, when non-null, receives the scores as score_mod sees them (for the
+/// backward), at the same positions.
 template <typename T>
-void mask_score_row(const HeadMasking& m, int64_t i, T* s, T* mod_input = nullptr) {
+void mask_score_cols(const HeadMasking& m, int64_t i, int64_t col_begin, int64_t col_end, T* s,
+                     T* mod_input = nullptr) {
   const MaskDescriptor& mask = m.mask;
   const DenseMaskRows& dense = m.dense;
   flex::RowState* flex_state = m.flex;
   const int64_t b = m.b, h = m.h, q_len = m.q_len, kv_len = m.kv_len;
-  const ColumnRange keep = row_columns(mask, b, i, q_len, kv_len);
+  const ColumnRange row = row_columns(mask, b, i, q_len, kv_len);
+  const int64_t n = col_end - col_begin;
+  const int64_t lo = std::clamp(row.begin, col_begin, col_end) - col_begin;
+  const int64_t hi = std::clamp(row.end, col_begin + lo, col_end) - col_begin;
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  if (dense.additive()) dense.apply(i, keep.begin, keep.end - keep.begin, s + keep.begin);
+  if (dense.additive()) dense.apply(i, col_begin + lo, hi - lo, s + lo);
   const AlibiRow alibi = alibi_row(mask, h, i, q_len, kv_len);
   if (alibi.active) {
-    for (int64_t j = keep.begin; j < keep.end; ++j) {
-      s[j] -= static_cast<T>(alibi.slope) * static_cast<T>(std::abs(alibi.center - j));
+    for (int64_t j = lo; j < hi; ++j) {
+      s[j] -= static_cast<T>(alibi.slope) * static_cast<T>(std::abs(alibi.center - col_begin - j));
     }
   }
-  if (mod_input) std::copy(s, s + kv_len, mod_input);
+  if (mod_input) std::copy(s, s + n, mod_input);
   if (flex_state && flex_state->score_mod) {
     flex::ScalarEvaluator& eval = flex_state->score_mod->scalar;
-    for (int64_t j = keep.begin; j < keep.end; ++j) {
-      s[j] = static_cast<T>(eval.run(static_cast<double>(s[j]), b, h, i, j));
+    for (int64_t j = lo; j < hi; ++j) {
+      s[j] = static_cast<T>(eval.run(static_cast<double>(s[j]), b, h, i, col_begin + j));
     }
   }
-  for (int64_t j = 0; j < keep.begin; ++j) s[j] = neg_inf;
-  for (int64_t j = keep.end; j < kv_len; ++j) s[j] = neg_inf;
-  if (dense.keep_mask()) dense.apply(i, keep.begin, keep.end - keep.begin, s + keep.begin);
+  for (int64_t j = 0; j < lo; ++j) s[j] = neg_inf;
+  for (int64_t j = hi; j < n; ++j) s[j] = neg_inf;
+  if (dense.keep_mask()) dense.apply(i, col_begin + lo, hi - lo, s + lo);
   if (flex_state && flex_state->blocks.active()) {
     const int64_t bs = flex_state->blocks.kv_block_size();
-    for (int64_t j = keep.begin; j < keep.end; ++j) {
-      const flex::BlockState st = flex_state->blocks.state(b, h, i, j / bs);
+    for (int64_t j = lo; j < hi; ++j) {
+      const int64_t col = col_begin + j;
+      const flex::BlockState st = flex_state->blocks.state(b, h, i, col / bs);
       const bool kept = st == flex::BlockState::kFull ||
                         (st == flex::BlockState::kPartial &&
-                         (!flex_state->mask_mod || flex_state->mask_mod->scalar.run(0.0, b, h, i, j) != 0.0));
+                         (!flex_state->mask_mod || flex_state->mask_mod->scalar.run(0.0, b, h, i, col) != 0.0));
       if (!kept) s[j] = neg_inf;
     }
   }
+}
+
+/// mask_score_cols over a full score row s[0, kv_len).
+template <typename T>
+void mask_score_row(const HeadMasking& m, int64_t i, T* s, T* mod_input = nullptr) {
+  mask_score_cols(m, i, 0, m.kv_len, s, mod_input);
 }
 
 }  // namespace sdpa::cpu

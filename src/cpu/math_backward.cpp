@@ -15,22 +15,15 @@
 #include "cpu/mask_rows.h"
 #include "cpu/online_softmax.h"
 #include "cpu/rows.h"
-#include "flex/autodiff.h"
-#include "flex/captured_grads.h"
+#include "cpu/score_mod_grad.h"
 
 namespace sdpa::cpu {
 namespace {
 
-// d(score_mod)/d(score) and captured-tensor gradients of a flex call.
-struct FlexGrad {
-  flex::GradientProgram program;
-  std::optional<flex::CapturedGrads> captured;
-};
-
 // One thread's buffers for one (batch, kv head) item.
 template <typename Acc>
 struct MathBackwardBuffers {
-  explicit MathBackwardBuffers(const AttentionParams& p, const FlexGrad* grad)
+  explicit MathBackwardBuffers(const AttentionParams& p, const FlexBackward* grad)
       : q(p.head_dim_qk), dout(p.head_dim_vo), k(p.kv_len * p.head_dim_qk),
         v(p.kv_len * p.head_dim_vo), dk(p.kv_len * p.head_dim_qk), dv(p.kv_len * p.head_dim_vo),
         prob(p.kv_len), raw(p.kv_len), keep(p.kv_len), dprob(p.kv_len), dq(p.head_dim_qk),
@@ -45,7 +38,7 @@ struct MathBackwardBuffers {
 // Gradients of every query head of kv head hk's group; dK/dV summed over the group.
 template <typename Acc>
 void backward_kv_head(const AttentionParams& p, int64_t item, MathBackwardBuffers<Acc>& buf,
-                      FlexGrad* grad, detail::BackwardOutputs& out) {
+                      FlexBackward* grad, detail::BackwardOutputs& out) {
   const int64_t b = item / p.num_heads_kv, hk = item % p.num_heads_kv;
   const int64_t L = p.q_len, S = p.kv_len, E = p.head_dim_qk, Ev = p.head_dim_vo;
   const Acc scale = static_cast<Acc>(p.scale);
@@ -95,19 +88,10 @@ void backward_kv_head(const AttentionParams& p, int64_t item, MathBackwardBuffer
           const Acc weight = prob[j] * buf.keep[j];
           for (int64_t e = 0; e < Ev; ++e) buf.dv[j * Ev + e] += weight * buf.dout[e];
           ds[j] = prob[j] * (ds[j] - delta);  // dL/d(score after score_mod)
-          if (grad && prob[j] != Acc(0)) {
-            flex::ScalarEvaluator& eval = *buf.grad_eval;
-            eval.run(static_cast<double>(buf.raw[j]), b, h, i, j);
-            const flex::GradientProgram& g = grad->program;
-            for (size_t r = 0; r < g.reads.size(); ++r) {
-              int64_t index[8];
-              for (size_t d = 0; d < g.reads[r].indices.size(); ++d) {
-                index[d] = static_cast<int64_t>(eval.value(g.reads[r].indices[d]));
-              }
-              grad->captured->add(item, r, index,
-                                  static_cast<double>(ds[j]) * eval.value(g.reads[r].adjoint));
-            }
-            ds[j] *= static_cast<Acc>(eval.value(g.d_score));  // chain rule through score_mod
+          if (grad && prob[j] != Acc(0)) {  // chain rule through score_mod
+            ds[j] = static_cast<Acc>(chain_score_mod(*grad, *buf.grad_eval,
+                                                     static_cast<double>(buf.raw[j]), b, h, i, j,
+                                                     static_cast<double>(ds[j]), item));
           }
           for (int64_t e = 0; e < E; ++e) {
             buf.dk[j * E + e] += scale * ds[j] * buf.q[e];
@@ -131,9 +115,9 @@ void math_backward_typed(const AttentionParams& p, detail::BackwardOutputs& out)
   // Parallel over (batch, kv head): each item owns its dK/dV rows, and captured-tensor
   // gradients go to the item's own partial buffer (one chunk per item), reduced in order.
   const int64_t items = p.batch * p.num_heads_kv;
-  std::optional<FlexGrad> grad;
+  std::optional<FlexBackward> grad;
   if (p.mask.score_mod) {
-    grad.emplace(FlexGrad{flex::differentiate(*p.mask.score_mod), std::nullopt});
+    grad.emplace(FlexBackward{flex::differentiate(*p.mask.score_mod), std::nullopt});
     grad->captured.emplace(grad->program, p.mask.score_mod->captured(), items);
   }
   detail::ParallelErrors errors;

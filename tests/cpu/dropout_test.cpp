@@ -32,13 +32,11 @@ TEST(Dropout, EveryBackendMatchesDocumentedPhiloxMask) {
         c.philox = {0x1234567890abcdefull + static_cast<uint64_t>(l), static_cast<uint64_t>(s)};
         const CaseReport r = check_case(c);
         EXPECT_TRUE(r.ran_backend(SDPBackend::MATH)) << c.describe();
-        if (dtype != DType::kFloat64) {
-          EXPECT_TRUE(r.ran_backend(SDPBackend::FLASH_ATTENTION))
-              << c.describe() << ": "
-              << (r.not_supported.count(SDPBackend::FLASH_ATTENTION)
-                      ? r.not_supported.at(SDPBackend::FLASH_ATTENTION)
-                      : "");
-        }
+        EXPECT_TRUE(r.ran_backend(SDPBackend::FLASH_ATTENTION))
+            << c.describe() << ": "
+            << (r.not_supported.count(SDPBackend::FLASH_ATTENTION)
+                    ? r.not_supported.at(SDPBackend::FLASH_ATTENTION)
+                    : "");
       }
     }
   }

@@ -17,13 +17,11 @@ namespace {
 
 void expect_cpu_backends_ran(const Case& c, const CaseReport& r) {
   EXPECT_TRUE(r.ran_backend(SDPBackend::MATH)) << "MATH did not run " << c.describe();
-  if (c.dtype != DType::kFloat64) {
-    EXPECT_TRUE(r.ran_backend(SDPBackend::FLASH_ATTENTION))
-        << "FLASH_ATTENTION did not run " << c.describe() << ": "
-        << (r.not_supported.count(SDPBackend::FLASH_ATTENTION)
-                ? r.not_supported.at(SDPBackend::FLASH_ATTENTION)
-                : std::string("?"));
-  }
+  EXPECT_TRUE(r.ran_backend(SDPBackend::FLASH_ATTENTION))
+      << "FLASH_ATTENTION did not run " << c.describe() << ": "
+      << (r.not_supported.count(SDPBackend::FLASH_ATTENTION)
+              ? r.not_supported.at(SDPBackend::FLASH_ATTENTION)
+              : std::string("?"));
 }
 
 Case base_case() {

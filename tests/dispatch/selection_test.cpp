@@ -49,6 +49,20 @@ B ran(DType dtype = DType::kFloat32, const SDPAOptions& o = {}) {
   return scaled_dot_product_attention_with_lse(t.q, t.k, t.v, o).backend;
 }
 
+// head_dim 0, which only MATH serves (an empty dot product).
+Qkv qkv_head_dim_0() {
+  return {Tensor::empty({1, 2, 5, 0}, DType::kFloat32), Tensor::empty({1, 2, 6, 0}, DType::kFloat32),
+          Tensor::empty({1, 2, 6, 0}, DType::kFloat32)};
+}
+AttentionParams params_head_dim_0() {
+  const Qkv t = qkv_head_dim_0();
+  return make_params(t.q, t.k, t.v, {});
+}
+B ran_head_dim_0() {
+  const Qkv t = qkv_head_dim_0();
+  return scaled_dot_product_attention_with_lse(t.q, t.k, t.v).backend;
+}
+
 // Restores the process-wide flags (tests flip them).
 struct FlagsReset {
   ~FlagsReset() {
@@ -101,10 +115,11 @@ TEST(BackendNames, VersionIsSemVer) {
 
 // ---- default choice -----------------------------------------------------------------
 
-TEST(Selection, DefaultPicksFlashForFloat32AndHalfTypesOnCpu) {
+TEST(Selection, DefaultPicksFlashForEveryDtypeOnCpu) {
   EXPECT_THAT(active_backends(), ElementsAre(B::OVERRIDEABLE, B::CUDNN_ATTENTION,
                                              B::FLASH_ATTENTION, B::EFFICIENT_ATTENTION, B::MATH));
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+  // float64 too, as torch's CPU flash kernel (it accumulates in float64).
+  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64}) {
     EXPECT_EQ(select_backend(params_for(d)), B::FLASH_ATTENTION) << dtype_name(d);
     EXPECT_EQ(ran(d), B::FLASH_ATTENTION) << dtype_name(d);
   }
@@ -118,9 +133,9 @@ TEST(Selection, DefaultPicksFlashForFloat32AndHalfTypesOnCpu) {
   EXPECT_EQ(ran(DType::kFloat32, o), B::FLASH_ATTENTION);
 }
 
-TEST(Selection, Float64FallsBackToMath) {
-  EXPECT_EQ(select_backend(params_for(DType::kFloat64)), B::MATH);
-  EXPECT_EQ(ran(DType::kFloat64), B::MATH);
+TEST(Selection, HeadDim0FallsBackToMath) {
+  EXPECT_EQ(select_backend(params_head_dim_0()), B::MATH);
+  EXPECT_EQ(ran_head_dim_0(), B::MATH);
 }
 
 TEST(Selection, GuardRestrictsToMath) {
@@ -155,7 +170,7 @@ TEST(Selection, SetPriorityUsesTheGivenOrder) {
     // The first listed backend that does not fit is passed over.
     sdpa_kernel guard({B::EFFICIENT_ATTENTION, B::FLASH_ATTENTION, B::MATH}, true);
     EXPECT_EQ(ran(), B::FLASH_ATTENTION);
-    EXPECT_EQ(ran(DType::kFloat64), B::MATH);
+    EXPECT_EQ(ran_head_dim_0(), B::MATH);
   }
 }
 
@@ -347,29 +362,30 @@ TEST(NothingFits, ErrorListsEveryBackendWithReasons) {
   EXPECT_THROW(select_backend(params_for()), Error);
 }
 
-TEST(NothingFits, Float64WithOnlyFlashAllowedNamesTheDtype) {
+TEST(NothingFits, HeadDim0WithOnlyFlashAllowedNamesTheHeadDim) {
   sdpa_kernel guard(B::FLASH_ATTENTION);
   try {
-    ran(DType::kFloat64);
-    FAIL() << "FLASH_ATTENTION ran float64";
+    ran_head_dim_0();
+    FAIL() << "FLASH_ATTENTION ran head_dim 0";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), AllOf(HasSubstr("FLASH_ATTENTION is not supported because"),
-                                HasSubstr("float64")));
+                                HasSubstr("head_dim 0")));
   }
 }
 
 // ---- can_use / explain / select agree with what runs ---------------------------------
 
-TEST(CanUse, FlashRejectsFloat64WithAReason) {
+TEST(CanUse, FlashRejectsHeadDim0WithAReason) {
   Reasons r;
-  EXPECT_FALSE(can_use(B::FLASH_ATTENTION, params_for(DType::kFloat64), &r));
+  EXPECT_FALSE(can_use(B::FLASH_ATTENTION, params_head_dim_0(), &r));
   ASSERT_FALSE(r.items.empty());
   bool mentions = false;
-  for (const auto& s : r.items) mentions |= s.find("float64") != std::string::npos;
+  for (const auto& s : r.items) mentions |= s.find("head_dim 0") != std::string::npos;
   EXPECT_TRUE(mentions) << ::testing::PrintToString(r.items);
-  EXPECT_TRUE(can_use(B::MATH, params_for(DType::kFloat64)));
+  EXPECT_TRUE(can_use(B::MATH, params_head_dim_0()));
   EXPECT_TRUE(can_use(B::FLASH_ATTENTION, params_for()));
-  EXPECT_FALSE(can_use(B::FLASH_ATTENTION, params_for(DType::kFloat64), nullptr));
+  EXPECT_TRUE(can_use(B::FLASH_ATTENTION, params_for(DType::kFloat64)));
+  EXPECT_FALSE(can_use(B::FLASH_ATTENTION, params_head_dim_0(), nullptr));
 }
 
 TEST(CanUse, GpuBackendsAreNotSupportedOnCpuWithReasons) {
@@ -391,12 +407,12 @@ TEST(CanUse, RespectsTheCallingThreadsGuard) {
 TEST(CanUse, ReasonsAreNotCollectedWhenCollectIsOff) {
   Reasons r;
   r.collect = false;
-  EXPECT_FALSE(can_use(B::FLASH_ATTENTION, params_for(DType::kFloat64), &r));
+  EXPECT_FALSE(can_use(B::FLASH_ATTENTION, params_head_dim_0(), &r));
   EXPECT_TRUE(r.items.empty());
 }
 
 TEST(Explain, ListsEveryBackendWithVerdictsInPriorityOrder) {
-  const Explanation e = explain(params_for(DType::kFloat64));
+  const Explanation e = explain(params_head_dim_0());
   EXPECT_EQ(e.chosen, B::MATH);
   std::vector<B> listed;
   for (const auto& v : e.verdicts) listed.push_back(v.backend);
@@ -416,7 +432,7 @@ TEST(Explain, ListsEveryBackendWithVerdictsInPriorityOrder) {
   for (B b : {B::OVERRIDEABLE, B::CUDNN_ATTENTION, B::FLASH_ATTENTION, B::EFFICIENT_ATTENTION}) {
     EXPECT_THAT(text, HasSubstr(std::string(backend_name(b)) + " is not supported because"));
   }
-  EXPECT_THAT(text, HasSubstr("float64"));
+  EXPECT_THAT(text, HasSubstr("head_dim 0"));
 }
 
 TEST(Explain, ReportsGuardRestrictionsAndNeverThrows) {

@@ -87,6 +87,40 @@ TEST(FlexCapturedGrads, RelativePositionTableMatchesFiniteDifferencesOnMath) {
   }
 }
 
+// FLASH runs float64 in float64: forward, input and table gradients equal MATH's to
+// float64 rounding, under a score_mod reading a table and a BlockMask with a mask_mod.
+TEST(FlexCapturedGrads, FlashFloat64MatchesMathFloat64) {
+  const int64_t B = 2, Hq = 4, Hkv = 2, L = 70, S = 131, E = 5, Ev = 3, max_distance = 140;
+  const Tensor q = randn({B, Hq, L, E}, DType::kFloat64, 21);
+  const Tensor k = randn({B, Hkv, S, E}, DType::kFloat64, 22);
+  const Tensor v = randn({B, Hkv, S, Ev}, DType::kFloat64, 23);
+  const Tensor dout = randn({B, Hq, L, Ev}, DType::kFloat64, 24);
+  const Tensor table = randn({Hq, 2 * max_distance + 1}, DType::kFloat64, 25);
+  const Program sm = Program::from_score_mod(mods::relative_position(table, max_distance, true));
+  const BlockMask bm = sdpa::flex::create_block_mask(mods::sliding_window(50), B, Hq, L, S, 16);
+  SDPAOptions opts;
+  opts.enable_gqa = true;
+  sdpa::AttentionResult fwd[2];
+  sdpa::AttentionGradients g[2];
+  const SDPBackend backends[2] = {SDPBackend::MATH, SDPBackend::FLASH_ATTENTION};
+  for (int r = 0; r < 2; ++r) {
+    sdpa::sdpa_kernel guard(backends[r]);
+    fwd[r] = sdpa::flex_attention(q, k, v, sm, &bm, opts);
+    g[r] = sdpa::flex_attention_backward(dout, q, k, v, fwd[r].out, fwd[r].lse, sm, &bm, opts);
+    EXPECT_EQ(fwd[r].backend, backends[r]);
+    EXPECT_EQ(g[r].backend, backends[r]);
+  }
+  const Tolerance tight{1e-12, 1e-12};
+  EXPECT_TRUE(all_close(fwd[1].out, fwd[0].out, tight, "out"));
+  EXPECT_TRUE(all_close(fwd[1].lse, fwd[0].lse, {0.0, 1.2e-7}, "lse (float32)"));
+  EXPECT_TRUE(all_close(g[1].grad_q, g[0].grad_q, tight, "grad_q"));
+  EXPECT_TRUE(all_close(g[1].grad_k, g[0].grad_k, tight, "grad_k"));
+  EXPECT_TRUE(all_close(g[1].grad_v, g[0].grad_v, tight, "grad_v"));
+  ASSERT_EQ(g[1].grad_captured.size(), 1u);
+  ASSERT_TRUE(g[1].grad_captured[0].defined());
+  EXPECT_TRUE(all_close(g[1].grad_captured[0], g[0].grad_captured[0], tight, "grad table"));
+}
+
 // score * scale[h] + tanh(bias[(q - kv) % 5]) * gate[kv % 3] * gate[q % 3] - frozen[h]:
 // several tensors, one read twice, one without requires_grad.
 struct MultiCapture {

@@ -1,7 +1,7 @@
 // FLASH forward + backward vs the float64 MATH golden over the size sweep (L, S in
 // {1, 7, 63, 65, 257, 1000}, E in {8, 24, 64, 80, 128}, Ev != E), GQA, masks, causal with
-// L != S, non-contiguous and misaligned inputs, 3-D inputs, float32/bfloat16/float16 and
-// every SIMD capability this CPU supports. Tolerances: attention_test_util.h (golden =
+// L != S, non-contiguous and misaligned inputs, 3-D inputs, float32/bfloat16/float16/float64
+// and every SIMD capability this CPU supports. Tolerances: attention_test_util.h (golden =
 // MATH float64 on the rounded inputs, tolerance from the dtype default and MATH's own
 // error in the tested dtype).
 //
@@ -16,6 +16,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention_test_util.h"
@@ -194,6 +195,17 @@ TEST_P(FlashGradients, MatchFloat64Math) {
   EXPECT_EQ(flash.grads.grad_k.sizes(), in.k.sizes());
   EXPECT_EQ(flash.grads.grad_v.sizes(), in.v.sizes());
   expect_matches_golden(flash, golden, naive, c.dtype);
+  if (c.dtype == DType::kFloat64) {
+    // Computed in float64: a float32 accumulation would sit near 1e-7, inside the
+    // default tolerance above.
+    for (const auto& [what, tested, want] :
+         {std::tuple{"out", flash.fwd.out, golden.fwd.out},
+          std::tuple{"grad_q", flash.grads.grad_q, golden.grads.grad_q},
+          std::tuple{"grad_k", flash.grads.grad_k, golden.grads.grad_k},
+          std::tuple{"grad_v", flash.grads.grad_v, golden.grads.grad_v}}) {
+      EXPECT_LE(scaled_error(tested, want), 1e-12) << what;
+    }
+  }
   EXPECT_FALSE(has_nan(flash.grads.grad_q) || has_nan(flash.grads.grad_k) ||
                has_nan(flash.grads.grad_v) || has_nan(flash.fwd.out));
 
@@ -254,6 +266,16 @@ std::vector<SweepCase> sweep_cases() {
       C(257, 65, 80, 24).mask(M::kBool).dtype(D::kFloat16).named("Half"),
       C(1000, 63, 64, 64).causal().dtype(D::kFloat16).named("Half"),
       C(65, 63, 8, 8).heads(1, 6, 3).mask(M::kFloat).dtype(D::kFloat16).named("Half"),
+      // float64: FlashAttention-2 computed in float64 (as torch's CPU flash for double).
+      C(1, 1, 8, 8).dtype(D::kFloat64).named("F64"),
+      C(7, 1000, 5, 33).heads(2, 4, 2).dtype(D::kFloat64).named("F64"),
+      C(1000, 63, 24, 8).causal().dtype(D::kFloat64).named("F64"),
+      C(65, 257, 33, 33).heads(1, 6, 3).mask(M::kFloat).dtype(D::kFloat64).named("F64"),
+      C(257, 65, 64, 24).mask(M::kBoolEmptyRows).dtype(D::kFloat64).named("F64"),
+      C(63, 130, 80, 24).heads(1, 4, 2).causal().layout(Layout::kBSHD).dtype(D::kFloat64)
+          .named("F64"),
+      C(65, 7, 8, 8).unbatched().mask(M::kBool).layout(Layout::kOffset).dtype(D::kFloat64)
+          .named("F64"),
   };
   // Every capability this CPU supports, forced.
   for (const std::string& cap : supported_capabilities()) {
