@@ -1,11 +1,13 @@
 """The attention functions, for any array with __dlpack__.
 
 torch tensors go through the ``sdpa::attention`` custom op (sdpa.torch), so autograd and
-torch.compile see them; every other framework calls sdpa._C directly.
+torch.compile see them; traced jax arrays (jax.jit, grad, vmap) through an XLA custom call
+(sdpa._jax); every other array calls sdpa._C directly.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, NamedTuple, Optional
 
 from . import _C, _convert
@@ -51,6 +53,16 @@ def _torch_api():
     return module
 
 
+def _jax_traced(query: Any, key: Any, value: Any, attn_mask: Any) -> bool:
+    """True when an argument is a traced jax array, without importing jax."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return False
+    tracer = jax.core.Tracer
+    return (isinstance(query, tracer) or isinstance(key, tracer) or isinstance(value, tracer)
+            or isinstance(attn_mask, tracer))
+
+
 def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
                                  dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: Optional[float] = None, enable_gqa: bool = False, *,
@@ -71,11 +83,20 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     means torch's current stream for torch tensors (as torch's own ops) and the legacy
     default stream otherwise. The output is device memory, valid in the stream's order.
     CPU arrays ignore ``stream``.
+
+    jax: traced arrays (inside jax.jit, jax.grad, jax.vmap) run as an XLA custom call on
+    the CPU, differentiable in query, key, value and a float attn_mask; dropout_p must be
+    0 and attn_mask an array (sdpa._jax.attention). The backends allowed (sdpa_kernel) are
+    those when the function is traced.
     """
     if _convert.is_torch_tensor(query):
         return _torch_api().scaled_dot_product_attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
             generator=generator, stream=stream)
+    if _jax_traced(query, key, value, attn_mask):
+        from . import _jax
+        return _jax.attention(query, key, value, attn_mask, _dropout(dropout_p), is_causal,
+                              _scale(scale), enable_gqa)[0]
     out, _, _, _ = _C.attention(query, key, value, to_cpp_mask(attn_mask), _dropout(dropout_p),
                                 bool(is_causal), _scale(scale), bool(enable_gqa),
                                 _convert.generator(generator), None,
@@ -92,11 +113,18 @@ def scaled_dot_product_attention_with_lse(
     ran and the dropout state. ``dropout_state=(seed, offset)`` replays a previous call's
     dropout mask instead of drawing from the generator. torch tensors go through the
     custom op (gradients flow to ``out``; ``lse`` is not differentiable). ``stream``: as
-    scaled_dot_product_attention's."""
+    scaled_dot_product_attention's. Traced jax arrays: backend None (chosen when the
+    computation runs), dropout_state (0, 0), and ``lse`` must not be differentiated (wrap
+    it in jax.lax.stop_gradient)."""
     if _convert.is_torch_tensor(query):
         return _torch_api().scaled_dot_product_attention_with_lse(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
             generator=generator, dropout_state=dropout_state, stream=stream)
+    if _jax_traced(query, key, value, attn_mask):
+        from . import _jax
+        out, lse = _jax.attention(query, key, value, attn_mask, _dropout(dropout_p),
+                                  is_causal, _scale(scale), enable_gqa)
+        return AttentionOutput(out, lse, None, (0, 0))
     out, lse, backend, state = _C.attention(
         query, key, value, to_cpp_mask(attn_mask), _dropout(dropout_p), bool(is_causal),
         _scale(scale), bool(enable_gqa), _convert.generator(generator),

@@ -45,5 +45,7 @@ void bind_flex(nb::module_& m);
 void bind_torch(nb::module_& m);
 void bind_cuda(nb::module_& m);
 void bind_serving(nb::module_& m);
+/// jax_ffi.cpp, built only with jax's XLA FFI headers (SDPA_XLA_FFI defined).
+void bind_jax_ffi(nb::module_& m);
 
 }  // namespace sdpa::python

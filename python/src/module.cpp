@@ -21,4 +21,8 @@ NB_MODULE(_C, m) {
   sdpa::python::bind_torch(m);
   sdpa::python::bind_cuda(m);
   sdpa::python::bind_serving(m);
+#ifdef SDPA_XLA_FFI
+  // Without it sdpa/_jax.py reports that jax transformations need a rebuild.
+  sdpa::python::bind_jax_ffi(m);
+#endif
 }

