@@ -74,6 +74,14 @@ bool flash_sdp_enabled();
 bool mem_efficient_sdp_enabled();
 bool cudnn_sdp_enabled();
 bool overrideable_sdp_enabled();
+/// PyTorch's torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp: when on, MATH
+/// computes float16 / bfloat16 forwards in their own dtype, rounding every intermediate
+/// (scaled q and k, scores, masked scores, probabilities, out) to it as torch's math path
+/// does without its float32 upcast. Off by default (computed in float32). Process-wide;
+/// SDPAOptions::allow_fp16_bf16_reduction_math turns it on for one call. The backward
+/// keeps float32 compute either way.
+void allow_fp16_bf16_reduction_math_sdp(bool enabled);
+bool fp16_bf16_reduction_math_sdp_allowed();
 
 namespace cpu {
 /// SIMD level the CPU kernels use: "AVX512", "AVX2" or "DEFAULT" (PyTorch's

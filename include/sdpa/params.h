@@ -128,6 +128,9 @@ struct AttentionParams {
   bool attn_mask_requires_grad = false;
   /// use_deterministic_algorithms was on when the call was made.
   bool deterministic = false;
+  /// A float16 / bfloat16 call whose MATH forward rounds every intermediate to its dtype
+  /// (backends::allow_fp16_bf16_reduction_math_sdp or the call's option).
+  bool reduced_precision_math = false;
   /// CUDA tensors: the cudaStream_t the kernels are queued on (null: legacy default).
   void* stream = nullptr;
   /// k / v read through a page table (KvPages); null for ordinary strided k / v.

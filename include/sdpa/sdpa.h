@@ -36,6 +36,9 @@ struct SDPAOptions {
   std::optional<PhiloxState> dropout_state;
   /// Backward only: the float attn_mask needs a gradient (grad_attn_mask is returned).
   bool attn_mask_requires_grad = false;
+  /// MATH computes a float16 / bfloat16 forward in its own dtype for this call, as with
+  /// backends::allow_fp16_bf16_reduction_math_sdp(true) (either one turns it on).
+  bool allow_fp16_bf16_reduction_math = false;
   /// CUDA tensors: the cudaStream_t the call's work is queued on (outputs are allocated
   /// and written in its order; nothing waits for it). Null is the legacy default stream.
   /// Ignored for CPU tensors.

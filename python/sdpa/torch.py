@@ -65,7 +65,8 @@ def _register_torch(exchange_api: Any = getattr(Tensor, "__dlpack_c_exchange_api
                       getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None),
                       getattr(_python_dispatch, "is_in_torch_dispatch_mode", None),
                       getattr(torch._C, "_is_torch_function_mode_enabled", None),
-                      torch.is_grad_enabled, _current_stream)
+                      torch.is_grad_enabled, _current_stream,
+                      getattr(torch._C, "_get_math_sdp_allow_fp16_bf16_reduction", None))
 
 
 def _current_stream(device_index: int) -> int:

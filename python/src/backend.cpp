@@ -88,6 +88,12 @@ void bind_backend(nb::module_& m) {
   m.def("mem_efficient_sdp_enabled", &backends::mem_efficient_sdp_enabled);
   m.def("cudnn_sdp_enabled", &backends::cudnn_sdp_enabled);
   m.def("overrideable_sdp_enabled", &backends::overrideable_sdp_enabled);
+  m.def("allow_fp16_bf16_reduction_math_sdp", &backends::allow_fp16_bf16_reduction_math_sdp,
+        nb::arg("enabled"),
+        "torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp: MATH computes float16 / "
+        "bfloat16 forwards in their own dtype (every intermediate rounded to it) instead of "
+        "float32. Process-wide; off by default.");
+  m.def("fp16_bf16_reduction_math_sdp_allowed", &backends::fp16_bf16_reduction_math_sdp_allowed);
 
   m.def("get_cpu_capability", &backends::cpu::get_cpu_capability);
   m.def("detected_cpu_capability", &backends::cpu::detected_cpu_capability);

@@ -42,6 +42,8 @@ struct TorchFunctions {
   // (device index) -> torch.cuda.current_stream(device).cuda_stream, for a torch whose
   // exchange table lacks current_work_stream.
   PyObject* current_stream = nullptr;
+  // torch._C._get_math_sdp_allow_fp16_bf16_reduction (null on a torch without it).
+  PyObject* reduction_allowed = nullptr;
   PyObject* is_cpu = nullptr;              // interned attribute names
   PyObject* is_cuda = nullptr;
   PyObject* requires_grad = nullptr;
@@ -196,6 +198,9 @@ SDPAOptions torch_options(double dropout_p, bool is_causal, std::optional<double
   o.scale = scale;
   o.enable_gqa = enable_gqa;
   o.generator = generator;
+  // torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp applies to torch callers.
+  o.allow_fp16_bf16_reduction_math = torch_fns.reduction_allowed != nullptr &&
+                                     is_true(PyObject_CallNoArgs(torch_fns.reduction_allowed));
   if (dropout_state) {
     o.dropout_state = PhiloxState{std::get<0>(*dropout_state), std::get<1>(*dropout_state)};
   }
@@ -339,7 +344,8 @@ const DLPackExchangeAPI* exchange_table(nb::handle capsule) {
 bool register_torch(nb::handle tensor_type, nb::handle to_dlpack, nb::handle from_dlpack,
                     nb::handle exchange_api, nb::handle is_functorch_wrapped,
                     nb::handle in_dispatch_mode, nb::handle in_function_mode,
-                    nb::handle grad_enabled, nb::handle current_stream) {
+                    nb::handle grad_enabled, nb::handle current_stream,
+                    nb::handle reduction_allowed) {
   if (!PyType_Check(tensor_type.ptr())) throw nb::type_error("tensor_type: expected a type");
   // Re-registration (importlib.reload(sdpa.torch)) replaces the functions; the old ones
   // are kept alive, as a concurrent call may still hold them.
@@ -353,6 +359,7 @@ bool register_torch(nb::handle tensor_type, nb::handle to_dlpack, nb::handle fro
   torch_fns.in_function_mode = keep(in_function_mode);
   torch_fns.grad_enabled = keep(grad_enabled);
   torch_fns.current_stream = keep(current_stream);
+  torch_fns.reduction_allowed = keep(reduction_allowed);
   if (torch_fns.is_cpu == nullptr) {
     torch_fns.is_cpu = PyUnicode_InternFromString("is_cpu");
     torch_fns.is_cuda = PyUnicode_InternFromString("is_cuda");
@@ -369,13 +376,15 @@ void bind_torch(nb::module_& m) {
         nb::arg("is_functorch_wrapped").none(),
         nb::arg("in_dispatch_mode").none(), nb::arg("in_function_mode").none(),
         nb::arg("grad_enabled"), nb::arg("current_stream"),
+        nb::arg("reduction_allowed").none() = nb::none(),
         "Registers torch.Tensor, torch._C._to_dlpack, torch._C._from_dlpack, "
         "torch.Tensor.__dlpack_c_exchange_api__ (None: the two before are used), "
         "is_functorch_wrapped_tensor, is_in_torch_dispatch_mode, "
         "_is_torch_function_mode_enabled, is_grad_enabled and (device index) -> "
         "torch.cuda.current_stream(device).cuda_stream for the torch_* functions "
-        "(a query None: every call takes the op). Called by sdpa.torch at import. Returns "
-        "whether the exchange table is used.");
+        "(a query None: every call takes the op), and "
+        "torch._C._get_math_sdp_allow_fp16_bf16_reduction (None: treated as off). Called by "
+        "sdpa.torch at import. Returns whether the exchange table is used.");
   m.def("torch_route",
         [](nb::tuple tensors) {
           return static_cast<int>(

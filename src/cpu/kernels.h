@@ -13,6 +13,10 @@ namespace sdpa::cpu {
 /// checked against.
 void math_forward(const AttentionParams& params, const Tensor& out, const Tensor& lse);
 
+/// MATH for float16 / bfloat16 with every intermediate rounded to the input dtype, as
+/// torch's math path without its float32 upcast (params.reduced_precision_math).
+void math_forward_reduced(const AttentionParams& params, const Tensor& out, const Tensor& lse);
+
 /// The maximum of each query row's scores as MATH softmaxes them (biases, score_mod and
 /// masks applied; float64 for float64 inputs) into max_scores float32 [B, Hq, L]
 /// (contiguous): -inf for a row that keeps no key, NaN where a kept score is NaN.

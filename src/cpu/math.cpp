@@ -91,6 +91,7 @@ void math_forward_typed(const AttentionParams& p, const Tensor& out, const Tenso
 }  // namespace
 
 void math_forward(const AttentionParams& params, const Tensor& out, const Tensor& lse) {
+  if (params.reduced_precision_math) return math_forward_reduced(params, out, lse);
   if (params.dtype == DType::kFloat64) {
     math_forward_typed<double>(params, out, lse);
   } else {

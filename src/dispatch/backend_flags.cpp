@@ -11,6 +11,7 @@ namespace {
 
 using detail::kNumBackends;
 std::array<std::atomic<bool>, kNumBackends> g_enabled{true, true, true, true, true};
+std::atomic<bool> g_reduction_math{false};
 
 std::atomic<bool>& flag(SDPBackend b) { return g_enabled[static_cast<size_t>(b)]; }
 
@@ -99,6 +100,8 @@ bool flash_sdp_enabled() { return effective(SDPBackend::FLASH_ATTENTION); }
 bool mem_efficient_sdp_enabled() { return effective(SDPBackend::EFFICIENT_ATTENTION); }
 bool cudnn_sdp_enabled() { return effective(SDPBackend::CUDNN_ATTENTION); }
 bool overrideable_sdp_enabled() { return effective(SDPBackend::OVERRIDEABLE); }
+void allow_fp16_bf16_reduction_math_sdp(bool enabled) { g_reduction_math = enabled; }
+bool fp16_bf16_reduction_math_sdp_allowed() { return g_reduction_math.load(); }
 }  // namespace backends
 
 }  // namespace sdpa

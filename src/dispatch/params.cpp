@@ -172,6 +172,9 @@ AttentionParams make_params(const Tensor& q_in, const Tensor& k_in, const Tensor
     p.attn_mask_requires_grad = true;
   }
   p.deterministic = are_deterministic_algorithms_enabled();
+  p.reduced_precision_math =
+      (p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16) &&
+      (opt.allow_fp16_bf16_reduction_math || backends::fp16_bf16_reduction_math_sdp_allowed());
   return p;
 }
 

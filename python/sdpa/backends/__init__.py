@@ -8,6 +8,7 @@ queries report the calling thread's effective state (guard first, then flag). Th
 
 from .._C import (
     active_backends,
+    allow_fp16_bf16_reduction_math_sdp,
     cudnn_sdp_enabled,
     default_priority_order,
     enable_cudnn_sdp,
@@ -16,6 +17,7 @@ from .._C import (
     enable_mem_efficient_sdp,
     enable_overrideable_sdp,
     flash_sdp_enabled,
+    fp16_bf16_reduction_math_sdp_allowed,
     math_sdp_enabled,
     mem_efficient_sdp_enabled,
     overrideable_sdp_enabled,
@@ -31,6 +33,7 @@ from ._params import (
 __all__ = [
     "SDPAParams",
     "active_backends",
+    "allow_fp16_bf16_reduction_math_sdp",
     "can_use_cudnn_attention",
     "can_use_efficient_attention",
     "can_use_flash_attention",
@@ -43,6 +46,7 @@ __all__ = [
     "enable_mem_efficient_sdp",
     "enable_overrideable_sdp",
     "flash_sdp_enabled",
+    "fp16_bf16_reduction_math_sdp_allowed",
     "math_sdp_enabled",
     "mem_efficient_sdp_enabled",
     "overrideable_sdp_enabled",
