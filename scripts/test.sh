@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README step 2: builds and runs every test (GoogleTest via CTest, then pytest when the
-# Python package is present, then the sanitizer build's tests and the fuzz targets).
+# Python package is present, then the sanitizer build's tests and the fuzz targets, then
+# the threaded tests under ThreadSanitizer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -12,3 +13,4 @@ if [ -f python/tests/run.sh ]; then
   bash python/tests/run.sh
 fi
 bash scripts/sanitize.sh
+bash scripts/tsan.sh
