@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <limits>
@@ -47,6 +48,16 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes) {
              " bytes, more than the ", ceiling.bytes, " bytes of ", ceiling.source);
   // Blocks are whole multiples of the alignment.
   const size_t padded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+  // What sdpa already holds counts too: a call whose outputs and scratch together exceed
+  // the machine fails here, at the allocation that would cross the ceiling, instead of
+  // being granted by overcommit and killed when its pages are touched. Cached free blocks
+  // are given back first when they are what stands in the way.
+  const size_t held = static_cast<size_t>(std::max<int64_t>(g_current_bytes.load(), 0));
+  SDPA_CHECK(padded <= ceiling.bytes - std::min(held, ceiling.bytes),
+             "out of memory: could not allocate ", nbytes, " bytes: sdpa holds ", held,
+             " bytes of tensors already, and together they exceed the ", ceiling.bytes,
+             " bytes of ", ceiling.source);
+  if (held + detail::cached_block_bytes() + padded > ceiling.bytes) detail::empty_block_cache();
   SDPA_CHECK(!injected_fault(), "out of memory: could not allocate ", nbytes,
              " bytes (injected by fail_allocation_after)");
   void* data = padded == 0 ? nullptr : detail::acquire_block(padded);

@@ -202,5 +202,44 @@ TEST(MemoryCeiling, EnvironmentLimitIsHonoured) {
   }
 }
 
+// Run with SDPA_MEMORY_LIMIT=64M: what sdpa already holds counts towards the ceiling, so
+// allocations that fit one by one but not together fail at the one that crosses it.
+TEST(MemoryCeiling, HeldTensorsCountTowardsIt) {
+  if (std::getenv("SDPA_MEMORY_LIMIT") == nullptr) GTEST_SKIP() << "SDPA_MEMORY_LIMIT unset";
+  empty_cache();
+  Tensor held = Tensor::empty({10 << 20}, DType::kFloat32);  // 40 MiB
+  try {
+    (void)Tensor::empty({8 << 20}, DType::kFloat32);  // 32 MiB more
+    FAIL() << "72 MiB were granted under a 64 MiB ceiling";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("could not allocate 33554432 bytes: sdpa holds"));
+    EXPECT_THAT(e.what(), HasSubstr("exceed the 67108864 bytes of SDPA_MEMORY_LIMIT"));
+  }
+  held = Tensor();
+  EXPECT_NO_THROW((void)Tensor::empty({8 << 20}, DType::kFloat32));
+}
+
+// An attention call whose buffers fit one by one but not together fails with the error
+// and leaves nothing behind: MATH's per-thread copies of 2^19 broadcast keys and values
+// (zero-stride inputs, no memory of their own) are 32 MiB each.
+TEST(MemoryCeiling, AttentionWhoseScratchWouldCrossItIsAnError) {
+  if (std::getenv("SDPA_MEMORY_LIMIT") == nullptr) GTEST_SKIP() << "SDPA_MEMORY_LIMIT unset";
+  empty_cache();
+  const int64_t before = memory_stats().current_bytes;
+  {
+    const Tensor q = Tensor::full({1, 1, 4, 16}, 0.01, DType::kFloat32);
+    const Tensor kv = Tensor::full({1, 1, 1, 16}, 0.02, DType::kFloat32).expand({1, 1, 1 << 19, 16});
+    sdpa_kernel math(SDPBackend::MATH);
+    try {
+      (void)scaled_dot_product_attention(q, kv, kv);
+      FAIL() << "the call crossed the 64 MiB ceiling";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("sdpa holds"));
+      EXPECT_THAT(e.what(), HasSubstr("SDPA_MEMORY_LIMIT"));
+    }
+  }
+  EXPECT_EQ(memory_stats().current_bytes, before);
+}
+
 }  // namespace
 }  // namespace sdpa
