@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cpu/mask_rows.h"
+#include "cpu/rows.h"
 #include "dispatch/kernel_io.h"
 #include "sdpa/params.h"
 
@@ -14,11 +15,17 @@ namespace sdpa::cpu {
 inline constexpr int64_t kF64BlockQ = 32;
 inline constexpr int64_t kF64BlockKv = 64;
 
+/// Rows [j0, j0 + n) of `rows` (n <= kF64BlockKv) as float64 columns: t[c * kF64BlockKv + j]
+/// = rows[j0 + j][c], through `row` (rows.cols() scratch elements). Dot products of every
+/// key with one vector then run along the keys, which the compiler vectorizes, in the same
+/// order per key as a row-wise dot product.
+void load_transposed(const RowView& rows, int64_t j0, int64_t n, double* row, double* t);
+
 /// s[j] for keys [col_begin, col_begin + n): q . k_j * scale with the call's biases,
-/// score_mod and masks applied (masked scores are -inf). q: [E]; keys: [n, E] float64
-/// rows; mod_input (optional) receives the scores as score_mod sees them.
+/// score_mod and masks applied (masked scores are -inf). q: [E]; keys_t: [E, kF64BlockKv]
+/// (load_transposed); mod_input (optional) receives the scores as score_mod sees them.
 void score_cols_f64(const AttentionParams& p, const HeadMasking& masking, int64_t i,
-                    int64_t col_begin, int64_t n, const double* q, const double* keys,
+                    int64_t col_begin, int64_t n, const double* q, const double* keys_t,
                     double* s, double* mod_input = nullptr);
 
 /// Forward: out [B, Hq, L, Ev] float64 and lse [B, Hq, L] float32 (contiguous), tiled

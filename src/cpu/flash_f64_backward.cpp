@@ -32,7 +32,9 @@ namespace {
 struct BackwardTiles {
   BackwardTiles(const AttentionParams& p, const FlexBackward* grad)
       : k(kF64BlockKv * p.head_dim_qk),
+        k_t(kF64BlockKv * p.head_dim_qk),
         v(kF64BlockKv * p.head_dim_vo),
+        v_t(kF64BlockKv * p.head_dim_vo),
         dk(kF64BlockKv * p.head_dim_qk),
         dv(kF64BlockKv * p.head_dim_vo),
         q(p.head_dim_qk),
@@ -40,6 +42,8 @@ struct BackwardTiles {
         dout(p.head_dim_vo),
         out(p.head_dim_vo),
         s(kF64BlockKv),
+        dp(kF64BlockKv),
+        row(std::max(p.head_dim_qk, p.head_dim_vo)),
         raw(kF64BlockKv),
         keep(kF64BlockKv),
         lse(p.group_size() * p.q_len),
@@ -48,7 +52,8 @@ struct BackwardTiles {
         flex(p.mask, kMaxLanes) {
     if (grad) grad_eval.emplace(*grad->program.program, grad->program.captured);
   }
-  detail::ScratchArray<double> k, v, dk, dv, q, dq, dout, out, s, raw, keep, lse, sum, delta;
+  detail::ScratchArray<double> k, k_t, v, v_t, dk, dv, q, dq, dout, out, s, dp, row, raw, keep, lse,
+      sum, delta;
   flex::RowState flex;
   std::optional<flex::ScalarEvaluator> grad_eval;
 };
@@ -66,7 +71,7 @@ struct HeadRows {
 // D = rowsum(dO o O), at tiles.lse and tiles.delta; dQ rows set to zero.
 void row_statistics(const AttentionParams& p, const detail::BackwardOutputs& g, int64_t b,
                     int64_t hk, BackwardTiles& tiles) {
-  const int64_t L = p.q_len, S = p.kv_len, E = p.head_dim_qk, Ev = p.head_dim_vo;
+  const int64_t L = p.q_len, S = p.kv_len, Ev = p.head_dim_vo;
   const int64_t G = p.group_size(), h0 = hk * G;
   double* m = tiles.lse.data();  // the running max until the final pass
   double* l = tiles.sum.data();
@@ -87,7 +92,7 @@ void row_statistics(const AttentionParams& p, const detail::BackwardOutputs& g, 
   const RowView k_rows(p.k, b, hk);
   for (int64_t j0 = 0; j0 < S; j0 += kF64BlockKv) {
     const int64_t n = std::min(kF64BlockKv, S - j0);
-    for (int64_t j = 0; j < n; ++j) k_rows.load(j0 + j, tiles.k.data() + j * E);
+    load_transposed(k_rows, j0, n, tiles.row.data(), tiles.k_t.data());
     for (int64_t h = h0; h < h0 + G; ++h) {
       const HeadRows rows(p, g, b, h);
       const HeadMasking masking{p.mask, rows.dense, &tiles.flex, b, h, L, S};
@@ -96,7 +101,7 @@ void row_statistics(const AttentionParams& p, const detail::BackwardOutputs& g, 
         if (cols.end <= j0 || cols.begin >= j0 + n) continue;
         rows.q.load(i, tiles.q.data());
         double* s = tiles.s.data();
-        score_cols_f64(p, masking, i, j0, n, tiles.q.data(), tiles.k.data(), s);
+        score_cols_f64(p, masking, i, j0, n, tiles.q.data(), tiles.k_t.data(), s);
         double block_max = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < n; ++j) block_max = max_keeping_nan(block_max, s[j]);
         const int64_t r = (h - h0) * L + i;
@@ -127,6 +132,8 @@ void backward_item(const AttentionParams& p, int64_t item, BackwardTiles& tiles,
     for (int64_t j = 0; j < n; ++j) {
       k_rows.load(j0 + j, tiles.k.data() + j * E);
       v_rows.load(j0 + j, tiles.v.data() + j * Ev);
+      for (int64_t e = 0; e < E; ++e) tiles.k_t[e * kF64BlockKv + j] = tiles.k[j * E + e];
+      for (int64_t e = 0; e < Ev; ++e) tiles.v_t[e * kF64BlockKv + j] = tiles.v[j * Ev + e];
     }
     std::fill(tiles.dk.begin(), tiles.dk.end(), 0.0);
     std::fill(tiles.dv.begin(), tiles.dv.end(), 0.0);
@@ -142,21 +149,25 @@ void backward_item(const AttentionParams& p, int64_t item, BackwardTiles& tiles,
         rows.dout.load(i, tiles.dout.data());
         rows.dq.load(i, tiles.dq.data());
         double* s = tiles.s.data();
-        score_cols_f64(p, masking, i, j0, n, tiles.q.data(), tiles.k.data(), s,
+        score_cols_f64(p, masking, i, j0, n, tiles.q.data(), tiles.k_t.data(), s,
                        grad ? tiles.raw.data() : nullptr);
+        // dL/dP_j = keep_j (dO . v_j), for every key of the block along the keys.
+        double* dp = tiles.dp.data();
+        std::fill(dp, dp + n, 0.0);
+        for (int64_t e = 0; e < Ev; ++e) {
+          const double d = tiles.dout[e];
+          const double* v_e = tiles.v_t.data() + e * kF64BlockKv;
+          for (int64_t j = 0; j < n; ++j) dp[j] += d * v_e[j];
+        }
         std::fill(tiles.keep.begin(), tiles.keep.begin() + n, 1.0);
         if (p.has_dropout()) apply_dropout(p, {b, h, i, j0}, tiles.keep.data(), n);
         const double delta = tiles.delta[(h - h0) * L + i];
         for (int64_t j = 0; j < n; ++j) {
           const double prob = std::exp(s[j] - lse);
-          const double* vj = tiles.v.data() + j * Ev;
-          double dp = 0;  // dL/dP_j = keep_j (dO . v_j)
-          for (int64_t e = 0; e < Ev; ++e) dp += tiles.dout[e] * vj[e];
-          dp *= tiles.keep[j];
           const double weight = prob * tiles.keep[j];
           double* dvj = tiles.dv.data() + j * Ev;
           for (int64_t e = 0; e < Ev; ++e) dvj[e] += weight * tiles.dout[e];
-          double ds = prob * (dp - delta);  // dL/d(score after score_mod)
+          double ds = prob * (dp[j] * tiles.keep[j] - delta);  // dL/d(score after score_mod)
           if (grad && prob != 0.0) {
             ds = chain_score_mod(*grad, *tiles.grad_eval, tiles.raw[j], b, h, i, j0 + j, ds,
                                  item);

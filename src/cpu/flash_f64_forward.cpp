@@ -25,19 +25,20 @@
 namespace sdpa::cpu {
 namespace {
 
-// One thread's tiles: q rows, k / v rows of one kv block, one score row, and the
-// online-softmax state {m, l, o} of the q-block's rows.
+// One thread's tiles: q rows, the keys of one kv block as columns and its value rows, one
+// score row, one input row, and the online-softmax state {m, l, o} of the q-block's rows.
 struct ForwardTiles {
   explicit ForwardTiles(const AttentionParams& p)
       : q(kF64BlockQ * p.head_dim_qk),
         k(kF64BlockKv * p.head_dim_qk),
         v(kF64BlockKv * p.head_dim_vo),
         s(kF64BlockKv),
+        row(std::max(p.head_dim_qk, p.head_dim_vo)),
         m(kF64BlockQ),
         l(kF64BlockQ),
         o(kF64BlockQ * p.head_dim_vo),
         flex(p.mask, kMaxLanes) {}
-  detail::ScratchArray<double> q, k, v, s, m, l, o;
+  detail::ScratchArray<double> q, k, v, s, row, m, l, o;
   flex::RowState flex;
 };
 
@@ -58,10 +59,8 @@ void forward_q_block(const AttentionParams& p, const QueryTile& t, ForwardTiles&
   const ColumnRange cols = block_columns(p, t.b, t.q_begin, t.q_begin + t.rows);
   for (int64_t j0 = cols.begin; j0 < cols.end; j0 += kF64BlockKv) {
     const int64_t n = std::min(kF64BlockKv, cols.end - j0);
-    for (int64_t j = 0; j < n; ++j) {
-      k_rows.load(j0 + j, tiles.k.data() + j * E);
-      v_rows.load(j0 + j, tiles.v.data() + j * Ev);
-    }
+    load_transposed(k_rows, j0, n, tiles.row.data(), tiles.k.data());
+    for (int64_t j = 0; j < n; ++j) v_rows.load(j0 + j, tiles.v.data() + j * Ev);
     for (int64_t r = 0; r < t.rows; ++r) {
       const int64_t i = t.q_begin + r;
       double* s = tiles.s.data();
@@ -98,15 +97,23 @@ void forward_q_block(const AttentionParams& p, const QueryTile& t, ForwardTiles&
 
 }  // namespace
 
-void score_cols_f64(const AttentionParams& p, const HeadMasking& masking, int64_t i,
-                    int64_t col_begin, int64_t n, const double* q, const double* keys,
-                    double* s, double* mod_input) {
-  const int64_t E = p.head_dim_qk;
+void load_transposed(const RowView& rows, int64_t j0, int64_t n, double* row, double* t) {
   for (int64_t j = 0; j < n; ++j) {
-    double dot = 0;
-    for (int64_t e = 0; e < E; ++e) dot += q[e] * keys[j * E + e];
-    s[j] = dot * p.scale;
+    rows.load(j0 + j, row);
+    for (int64_t c = 0; c < rows.cols(); ++c) t[c * kF64BlockKv + j] = row[c];
   }
+}
+
+void score_cols_f64(const AttentionParams& p, const HeadMasking& masking, int64_t i,
+                    int64_t col_begin, int64_t n, const double* q, const double* keys_t,
+                    double* s, double* mod_input) {
+  std::fill(s, s + n, 0.0);
+  for (int64_t e = 0; e < p.head_dim_qk; ++e) {
+    const double qe = q[e];
+    const double* k_e = keys_t + e * kF64BlockKv;
+    for (int64_t j = 0; j < n; ++j) s[j] += qe * k_e[j];
+  }
+  for (int64_t j = 0; j < n; ++j) s[j] *= p.scale;
   mask_score_cols(masking, i, col_begin, col_begin + n, s, mod_input);
 }
 
