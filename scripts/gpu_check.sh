@@ -3,6 +3,7 @@
 # and ends with a summary table:
 #   - the C++ suite sdpa_cuda_tests, and again under compute-sanitizer memcheck (the
 #     kernels sdpa owns);
+#   - the host time per call by stage (bench/cuda_host_overhead.cpp);
 #   - the Python CUDA tests (torch is the reference; torch.compile and a transformers
 #     model on the GPU) and bench/compare_torch_cuda.py.
 #
@@ -48,17 +49,20 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 echo "GPU: $(cat "$out/gpu.txt"); $(nvcc --version | tail -n 1); cmake $(cmake --version | head -n 1 | cut -d' ' -f3)"
 
 bin=build/gpu/tests
-# Built for the GPU present (SDPA_GPU_ARCHS overrides), tests and the Python extension only.
+# Built for the GPU present (SDPA_GPU_ARCHS overrides): the CUDA tests, the Python
+# extension and the host-overhead benchmark only.
 step configure cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSDPA_CUDA=ON \
-  -DSDPA_CUDNN=ON -DSDPA_BUILD_PYTHON=ON -DSDPA_BUILD_BENCH=OFF \
+  -DSDPA_CUDNN=ON -DSDPA_BUILD_PYTHON=ON -DSDPA_BUILD_BENCH=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${SDPA_GPU_ARCHS:-native}" \
   -DCMAKE_PREFIX_PATH="$prefix_path" -DPython_EXECUTABLE="$(command -v python3)"
-step build cmake --build build/gpu --target sdpa_cuda_tests _C
+step build cmake --build build/gpu --target sdpa_cuda_tests _C sdpa_cuda_host_overhead
 step cpp_tests "$bin/sdpa_cuda_tests" --gtest_output="json:$out/cpp_tests.json"
 # memcheck slows kernels ~50x: the MATH kernels (every kernel sdpa owns), one cuDNN call,
 # streams and device memory.
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/sdpa_cuda_tests" \
   --gtest_filter='CudaAttention.Math*:CudaAttention.CudnnTakesStridedInputs:CudaAttention.WorkRuns*:CudaAttention.Memory*:CudaAttention.Mixed*'
+
+step host_overhead build/gpu/bench/sdpa_cuda_host_overhead
 
 # The Python package of this tree with the extension just built.
 stage=build/gpu/pystage
@@ -77,6 +81,7 @@ echo "|---|---|---|"
 printf '%s\n' "${rows[@]}"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests ran" "$out/cpp_tests.log" 2>/dev/null | head -20
 grep -E "ERROR SUMMARY" "$out/memcheck.log" 2>/dev/null
+cat "$out/host_overhead.log" 2>/dev/null
 grep -E "^(FAILED|ERROR)" "$out/py_tests.log" 2>/dev/null | head -n 30
 tail -n 1 "$out/py_tests.log" 2>/dev/null
 [ -f "$out/bench.log" ] && tail -n 32 "$out/bench.log"
