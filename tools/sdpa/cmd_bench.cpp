@@ -185,12 +185,13 @@ std::optional<std::string> skip_reason(SDPBackend backend, const Workload& w, co
 }
 
 // Why `backend` can run no case of the sweep, or nullopt when it can run some. Every
-// case is a CPU call, so a backend that rejects even the minimal float32 CPU probe (not
-// built, or for another device) never runs here; the flags aside, as --backends chooses.
-std::optional<std::string> never_runs_reason(SDPBackend backend) {
+// case is a CPU call of the sweep's dtype, so a backend that rejects even the minimal CPU
+// probe of that dtype (not built, for another device, or not for this dtype) never runs
+// here; the flags aside, as --backends chooses.
+std::optional<std::string> never_runs_reason(SDPBackend backend, DType dtype) {
   const sdpa_kernel only(backend);
   Reasons reasons;
-  if (can_use(backend, probe_params(), &reasons)) return std::nullopt;
+  if (can_use(backend, probe_params(dtype), &reasons)) return std::nullopt;
   std::string text;
   for (const std::string& r : reasons.items) text += (text.empty() ? "" : "; ") + r;
   return text;
@@ -261,7 +262,10 @@ int run_bench(const BenchOptions& o) {
   // Backends that never run here are listed under "skipped" only: a progress line per
   // case for a backend this build or machine cannot run would bury the measured ones.
   std::vector<std::optional<std::string>> never_runs;
-  for (const SDPBackend backend : backends) never_runs.push_back(never_runs_reason(backend));
+  const DType dtype = parse_dtype(o.dtype);
+  for (const SDPBackend backend : backends) {
+    never_runs.push_back(never_runs_reason(backend, dtype));
+  }
   const auto runnable = std::count(never_runs.begin(), never_runs.end(), std::nullopt);
   report.num_cases = cases.size() * (o.backward ? 2 : 1);  // one per (case, pass)
   size_t step = 0;

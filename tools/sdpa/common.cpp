@@ -145,8 +145,8 @@ CLI::Option* add_dtype_option(CLI::App& app, std::string& name) {
       ->capture_default_str();
 }
 
-AttentionParams probe_params() {
-  const Tensor probe = Tensor::empty({1, 1, 1, 8}, DType::kFloat32);
+AttentionParams probe_params(DType dtype) {
+  const Tensor probe = Tensor::empty({1, 1, 1, 8}, dtype);
   return make_params(probe, probe, probe);
 }
 

@@ -67,9 +67,10 @@ CLI::Validator byte_count();
 /// dtype_name(). The stored default is shown in the help.
 CLI::Option* add_dtype_option(CLI::App& app, std::string& name);
 
-/// A minimal float32 CPU call ([1, 1, 1, 8]), the probe of `sdpa info`. A backend that
-/// cannot take it cannot run CPU tensors at all (not built, or for another device).
-AttentionParams probe_params();
+/// A minimal CPU call ([1, 1, 1, 8], float32 unless given), the probe of `sdpa info` and
+/// `sdpa bench`. A backend that cannot take it cannot run CPU tensors of that dtype at all
+/// (not built, or for another device).
+AttentionParams probe_params(DType dtype = DType::kFloat32);
 
 /// Standard-normal tensor (std::mt19937 seeded with `seed`), converted to `dtype`. Never
 /// zeros: zeros hide masking and softmax bugs.
