@@ -24,7 +24,9 @@ same mask.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -454,6 +456,19 @@ def scaled_dot_product_attention_with_lse(query: Tensor, key: Tensor, value: Ten
     return AttentionOutput(out, lse, *info)
 
 
+# The contexts of flex calls whose autograd graph is still alive. Their flex_args hold
+# sdpa._C objects (the Program); an output still referenced when the interpreter exits
+# (a module-level tensor) would keep them alive past the extension's teardown, which
+# nanobind reports as leaked instances. The exit hook drops those references first.
+_live_flex_contexts: "weakref.WeakSet" = weakref.WeakSet()
+
+
+@atexit.register
+def _drop_flex_programs() -> None:
+    for ctx in list(_live_flex_contexts):
+        ctx.flex_args = None
+
+
 class _FlexFunction(torch.autograd.Function):
     """flex_attention with autograd: q, k, v and the captured torch tensors are inputs, so
     gradients reach a learnable bias table; the backward is the library's (symbolic
@@ -466,6 +481,7 @@ class _FlexFunction(torch.autograd.Function):
                                         block_mask, scale, enable_gqa)
         out, lse = torch.from_dlpack(out), torch.from_dlpack(lse)
         ctx.flex_args = flex_args
+        _live_flex_contexts.add(ctx)
         ctx.captured_shapes = [t.shape for t in captured]
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.mark_non_differentiable(lse)

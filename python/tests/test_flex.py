@@ -327,3 +327,24 @@ def test_block_masks_from_torch_inputs_hold_torch_tensors(torch_flex):
     np.testing.assert_array_equal(
         sdpa.create_block_mask(causal, 2, None, 100, 100, device="cpu", BLOCK_SIZE=16)
         .kv_num_blocks.numpy(), plain.kv_num_blocks)
+
+
+def test_no_nanobind_leak_report_when_a_flex_output_outlives_the_interpreter(torch_flex):
+    """A module-level output of flex_attention with autograd keeps its graph (and the
+    sdpa._C.Program the backward needs) alive until the interpreter exits: sdpa drops those
+    references first, so nanobind reports no leaked instances."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, sdpa\n"
+        "q = torch.randn(1, 2, 8, 4, requires_grad=True)\n"
+        "out = sdpa.flex_attention(q, q, q, score_mod=lambda s, b, h, i, j: s * 0.5)\n"
+        "kept = sdpa.flex_attention(q, q, q, score_mod=lambda s, b, h, i, j: s + i - j)\n"
+        "out.sum().backward()\n"
+        "print('ran', tuple(q.grad.shape))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "ran (1, 2, 8, 4)" in done.stdout
+    assert "leaked" not in done.stderr, done.stderr
