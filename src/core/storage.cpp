@@ -57,7 +57,12 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes) {
              "out of memory: could not allocate ", nbytes, " bytes: sdpa holds ", held,
              " bytes of tensors already, and together they exceed the ", ceiling.bytes,
              " bytes of ", ceiling.source);
-  if (held + detail::cached_block_bytes() + padded > ceiling.bytes) detail::empty_block_cache();
+  // The cache holds at most kCacheLimit: its size (behind a lock) is read only when it
+  // could matter.
+  const bool near_ceiling = held + padded + detail::kCacheLimit > ceiling.bytes;
+  if (near_ceiling && held + detail::cached_block_bytes() + padded > ceiling.bytes) {
+    detail::empty_block_cache();
+  }
   SDPA_CHECK(!injected_fault(), "out of memory: could not allocate ", nbytes,
              " bytes (injected by fail_allocation_after)");
   void* data = padded == 0 ? nullptr : detail::acquire_block(padded);
