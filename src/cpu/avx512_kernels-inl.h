@@ -32,7 +32,16 @@ struct Avx512Kernels {
   static constexpr bool kFusedTiles = true;
   static constexpr auto& SoftmaxToBf16 = SoftmaxTileToBf16;
   static constexpr auto& QkSoftmaxBf16 = QkSoftmaxTileBf16;
-  static constexpr auto& QkSoftmaxF32 = QkSoftmaxTileF32;
+  static HWY_INLINE void QkSoftmaxF32(const QueryRows<float>& q, const KeyTile<float>& k,
+                                      const SoftmaxRows& state, float* HWY_RESTRICT p) {
+    QkSoftmaxTileF32(q, k, state, p);
+  }
+  /// QkSoftmaxF32 with a flex score_mod that runs on registers applied to the scores.
+  static HWY_INLINE void QkScoreModSoftmaxF32(const QueryRows<float>& q, const KeyTile<float>& k,
+                                              const FlexScoreModRows& mod,
+                                              const SoftmaxRows& state, float* HWY_RESTRICT p) {
+    QkSoftmaxTileF32(q, k, state, p, mod);
+  }
   static constexpr auto& SoftmaxLazyF32 = SoftmaxTileLazyF32;
   static constexpr auto& FoldLaneSums = FoldSumLanes;
 };

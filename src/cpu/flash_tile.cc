@@ -110,6 +110,33 @@ HWY_INLINE bool TileKeys(const HeadMasking& m, const FlashScratch& ws, const Key
   return any_key;
 }
 
+// Whether key tile j0 of a flex call (which TileNeedsMask always sends to the masked path)
+// needs nothing per element, so that the fused kernel can take it: no dense mask, a whole
+// tile that every row keeps entirely (band, and the BlockMask's exact kept keys from
+// TileKeys), and a score_mod, if any, that runs on the fused float32 kernel's registers.
+// Interior tiles of documents, windows and causal BlockMasks, and every whole tile of a
+// soft-capping or ALiBi score_mod, then cost what plain attention's do.
+HWY_INLINE bool FlexTileInRegisters(const AttentionParams& p, FlashScratch& ws,
+                                    const TileKeySet& set, int64_t rows, int64_t j0,
+                                    bool bf16) {
+  if (!ws.flex.active() || p.mask.dense_kind != DenseMaskKind::kNone ||
+      j0 + kBlockKv > p.kv_len) {
+    return false;
+  }
+  if (ws.flex.score_mod &&
+      (bf16 || !flex::HWY_NAMESPACE::ScoreModRunsInRegisters(*ws.flex.score_mod))) {
+    return false;
+  }
+  const bool blocks = ws.flex.blocks.active();
+  for (int64_t r = 0; r < rows; ++r) {
+    const ColumnRange& keys = set.keys[r];
+    if (keys.begin > j0 || keys.end < j0 + kBlockKv || (blocks && !set.blocks_applied[r])) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // The partial sums of the last key tiles (kTilesPerPartialSum) go into the total.
 // `with_o`: the float32 path, whose P.v goes to partial.o (bf16's goes to total.o).
 HWY_INLINE void FlushPartial(FlashScratch& ws, int64_t rows, bool with_o) {
@@ -168,7 +195,12 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
     // A tile that changes no row is skipped.
     if (!TileKeys(masking, ws, {q.q_begin, rows, nullptr, j0, cols}, set)) continue;
     const ColumnRange* keys = set.keys;
-    const bool needs_mask = TileNeedsMask(p, &ws.flex, ws.row_keys, rows, j0);
+    // A flex tile that needs nothing per element is fused too (its score_mod, if any, on
+    // the registers): only targets with fused tiles, whose masked path it skips.
+    const bool tile_needs_mask = TileNeedsMask(p, &ws.flex, ws.row_keys, rows, j0);
+    const bool flex_fused = Target::kFusedTiles && tile_needs_mask &&
+                            FlexTileInRegisters(p, ws, set, rows, j0, bf16);
+    const bool needs_mask = tile_needs_mask && !flex_fused;
     const PackedKv::Tile t = call.kv.tile(p, q.b, q.h / p.group_size(), j0 / kBlockKv, ws.row);
 
     // A tile some row does not fully see is computed only over the rows' supports (the
@@ -192,6 +224,10 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
           const int64_t e2 = ws.head_dim_qk_pairs2;
           Target::QkSoftmaxBf16({ws.q_bf16, e2, rows}, {t.k_pairs, e2 / 2}, call.scale, ws.partial,
                                 ws.p_bf16);
+        } else if (flex_fused && ws.flex.score_mod) {
+          Target::QkScoreModSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk},
+                                       {&*ws.flex.score_mod, q.b, q.h, q.q_begin, j0},
+                                       ws.partial, ws.scores);
         } else {
           Target::QkSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk}, ws.partial,
                                ws.scores);

@@ -1,10 +1,12 @@
 // q.k^T and the online softmax of one float32 key tile without masks or biases, fused: a
 // register tile holds six query rows' scores for all kBlockKv keys, so the softmax runs on
 // the registers the FMAs leave (lazy max: lazy_softmax-inl.h) and only P reaches memory.
-// Tiles that biases, score_mods or masks change are computed in memory first and then
-// take the same register softmax (SoftmaxTileLazyF32): one load of the scores instead of
-// SoftmaxTile's max pass and exponential pass. AVX-512 target only (32 vector
-// registers); include after foreach_target.h.
+// A flex score_mod of the forms that run on registers (score + X, score chains) is applied
+// to each row there too (FlexScoreModRows). Tiles that biases, other score_mods or masks
+// change are computed in memory first and then take the same register softmax
+// (SoftmaxTileLazyF32): one load of the scores instead of SoftmaxTile's max pass and
+// exponential pass. AVX-512 target only (32 vector registers); include after
+// foreach_target.h.
 
 #if defined(SDPA_CPU_QK_SOFTMAX_F32_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef SDPA_CPU_QK_SOFTMAX_F32_INL_H_
@@ -16,11 +18,13 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/fast_exp-inl.h"
 #include "cpu/flash_tile.h"
 #include "cpu/lazy_softmax-inl.h"
 #include "cpu/online_softmax-inl.h"
+#include "flex/eval_row-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -29,16 +33,46 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 #if HWY_TARGET == HWY_AVX3
-// The lazy-max online softmax of register-tile rows [0, kRows): acc[r] holds row r's
-// kBlockKv scores (in the softmax's units); P rows (kBlockKv floats) go to p.
-template <int kRows, int kVecs>
+/// What a fused tile does to its register rows before the softmax: mod(r, x) may change
+/// the scores x[v] (keys 16 v..) of the q-block's row r. NoScoreMod leaves them.
+struct NoScoreMod {
+  template <int kVecs>
+  HWY_INLINE void operator()(int64_t, hn::Vec512<float> (&)[kVecs]) const {}
+};
+
+/// A flex score_mod that runs on registers (flex::ScoreModRunsInRegisters), for the rows
+/// of the q-block that starts at query q_begin of (b, h), over the key tile at j0 (one
+/// object per tile: it keeps the lookups of the rows' chunk).
+struct FlexScoreModRows {
+  flex::RowBuffers* buf;
+  int64_t b, h, q_begin, j0;
+  mutable flex::HWY_NAMESPACE::RegisterModRows rows{};
+
+  template <int kVecs>
+  HWY_INLINE void operator()(int64_t r, hn::Vec512<float> (&x)[kVecs]) const {
+    flex::HWY_NAMESPACE::ScoreModRegisterRow<kVecs>(*buf, {b, h, q_begin + r, 1, j0}, rows,
+                                                    hn::Full512<float>(), x);
+  }
+};
+
+// The lazy-max online softmax of register-tile rows [0, kRows) (q-block rows row0..):
+// acc[r] holds row r's kBlockKv scores (in the softmax's units), which mod changes first;
+// P rows (kBlockKv floats) go to p.
+template <int kRows, int kVecs, class ScoreMod = NoScoreMod>
 HWY_INLINE void SoftmaxRegisterRowsF32(__m512 (&acc)[kRows][kVecs], const SoftmaxRows& state,
-                                       float* HWY_RESTRICT p) {
+                                       float* HWY_RESTRICT p, const ScoreMod& mod = {},
+                                       int64_t row0 = 0) {
   const hn::Full512<float> d;
   using V = hn::Vec512<float>;
   const V log2e = hn::Set(d, kLog2e);
 #pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) {
+    if constexpr (!std::is_same_v<ScoreMod, NoScoreMod>) {
+      V x[kVecs];
+      for (int v = 0; v < kVecs; ++v) x[v] = V{acc[r][v]};
+      mod(row0 + r, x);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = x[v].raw;
+    }
     const float m = LazyRowMax<kVecs>(acc[r], 1.0f, state, r);
     float* out = p + r * kBlockKv;
     if (!has_finite_score(m)) {
@@ -60,11 +94,12 @@ HWY_INLINE void SoftmaxRegisterRowsF32(__m512 (&acc)[kRows][kVecs], const Softma
   }
 }
 
-// Rows [0, kRows) of a query block: scores = q . k^T, then the lazy-max online softmax of
-// `state`'s rows; P rows (kBlockKv floats) go to p.
-template <int kRows>
+// Rows [0, kRows) of a query block (its rows row0..): scores = q . k^T, changed by mod,
+// then the lazy-max online softmax of `state`'s rows; P rows (kBlockKv floats) go to p.
+template <int kRows, class ScoreMod>
 HWY_INLINE void QkSoftmaxRowsF32(const QueryRows<float>& q, const KeyTile<float>& k,
-                                 const SoftmaxRows& state, float* HWY_RESTRICT p) {
+                                 const SoftmaxRows& state, float* HWY_RESTRICT p,
+                                 const ScoreMod& mod, int64_t row0) {
   constexpr int kVecs = static_cast<int>(kBlockKv / 16);
   __m512 acc[kRows][kVecs];
   for (int r = 0; r < kRows; ++r) {
@@ -78,19 +113,23 @@ HWY_INLINE void QkSoftmaxRowsF32(const QueryRows<float>& q, const KeyTile<float>
       for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_fmadd_ps(qv, kv[v], acc[r][v]);
     }
   }
-  SoftmaxRegisterRowsF32<kRows>(acc, state, p);
+  SoftmaxRegisterRowsF32<kRows>(acc, state, p, mod, row0);
 }
 
-/// Fused q.k^T and online softmax of a key tile no mask, bias or score_mod touches, for
-/// query rows [0, q.rows) of a block (rows <= kBlockQ): q float32 already times the
-/// softmax scale, k PackedKv's k^T [E, kBlockKv]. Updates state's m (lazily, see
-/// lazy_softmax-inl.h), l and l_lanes (together the row sums relative to m), writes
-/// state.alpha and P [rows, kBlockKv].
+/// Fused q.k^T and online softmax of a key tile no mask or bias touches, for query rows
+/// [0, q.rows) of a block (rows <= kBlockQ): q float32 already times the softmax scale,
+/// k PackedKv's k^T [E, kBlockKv]; `mod` (NoScoreMod, FlexScoreModRows) changes each
+/// row's scores before its softmax. Updates state's m (lazily, see lazy_softmax-inl.h), l
+/// and l_lanes (together the row sums relative to m), writes state.alpha and P [rows,
+/// kBlockKv].
+template <class ScoreMod = NoScoreMod>
 HWY_INLINE void QkSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<float>& k,
-                                 const SoftmaxRows& state, float* HWY_RESTRICT p) {
+                                 const SoftmaxRows& state, float* HWY_RESTRICT p,
+                                 const ScoreMod& mod = {}) {
   // Six rows: 24 accumulators, as Gemm's register tile.
   ForRegisterTiles<6>(q.rows, [&](int64_t r, auto tile_rows) {
-    QkSoftmaxRowsF32<decltype(tile_rows)::value>(q.from(r), k, state.from(r), p + r * kBlockKv);
+    QkSoftmaxRowsF32<decltype(tile_rows)::value>(q.from(r), k, state.from(r), p + r * kBlockKv,
+                                                 mod, r);
   });
 }
 

@@ -102,6 +102,31 @@ HWY_INLINE void ChainLanes(D d, const std::vector<RowBuffers::ChainStep>& chain,
   for (int g = 0; g < kGroup; ++g) hn::StoreU(x[g], d, s + j + g * n);
 }
 
+/// The operands of the chain's steps for score row r of `pass` (after PrepareChunk).
+HWY_INLINE void ChainRowOperands(RowBuffers& buf, const Pass& pass, int64_t r,
+                                 ChainOperand (&operands)[RowBuffers::kMaxChainSteps]) {
+  const std::vector<RowBuffers::ChainStep>& chain = buf.score_chain;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    const RowBuffers::ChainStep& step = chain[i];
+    if (step.operand < 0) continue;
+    const View<float> v = ViewOf<float>(buf, step.operand, pass);
+    ChainOperand& operand = operands[i];
+    operand = {{v.base + r * v.row_stride, 0, v.lanes}};
+    if (step.op == Op::kDiv && !step.operand_first && !v.lanes) {
+      // Divide's rule: a uniform divisor multiplies by its (cached) reciprocal when that
+      // is a normal float.
+      const float divisor = *operand.value.base;
+      auto& [last_divisor, last_reciprocal] = buf.reciprocal[step.instr];
+      if (!(divisor == last_divisor)) {
+        last_divisor = divisor;
+        last_reciprocal = 1.0f / divisor;
+      }
+      operand.reciprocal = last_reciprocal;
+      operand.multiply_by_reciprocal = std::isnormal(last_reciprocal);
+    }
+  }
+}
+
 /// Replaces lanes [lo[r], hi[r]) of score rows scores + r * stride (chunk rows row ..
 /// row + rows - 1, after PrepareChunk) by the program's result, for a program with a
 /// score chain. The caller has checked the rows' chunk failures (RowHasBad).
@@ -109,29 +134,10 @@ inline HWY_NOINLINE void ScoreChainInPlace(RowBuffers& buf, int64_t row, int64_t
                                            float* scores, int64_t stride, const int64_t* lo,
                                            const int64_t* hi) {
   const std::vector<RowBuffers::ChainStep>& chain = buf.score_chain;
-  const size_t steps = chain.size();
   const Pass pass{Shape::kScore, rows, 0, 0, buf.lanes, row, scores, stride, lo, hi};
   ChainOperand operands[RowBuffers::kMaxChainSteps];
   for (int64_t r = 0; r < rows; ++r) {
-    for (size_t i = 0; i < steps; ++i) {
-      const RowBuffers::ChainStep& step = chain[i];
-      if (step.operand < 0) continue;
-      const View<float> v = ViewOf<float>(buf, step.operand, pass);
-      ChainOperand& operand = operands[i];
-      operand = {{v.base + r * v.row_stride, 0, v.lanes}};
-      if (step.op == Op::kDiv && !step.operand_first && !v.lanes) {
-        // Divide's rule: a uniform divisor multiplies by its (cached) reciprocal when that
-        // is a normal float.
-        const float divisor = *operand.value.base;
-        auto& [last_divisor, last_reciprocal] = buf.reciprocal[step.instr];
-        if (!(divisor == last_divisor)) {
-          last_divisor = divisor;
-          last_reciprocal = 1.0f / divisor;
-        }
-        operand.reciprocal = last_reciprocal;
-        operand.multiply_by_reciprocal = std::isnormal(last_reciprocal);
-      }
-    }
+    ChainRowOperands(buf, pass, r, operands);
     // Whole vectors (four at a time) where the lanes allow, as StoreRow: the softmax then
     // reloads them by store forwarding.
     float* s = scores + r * stride;

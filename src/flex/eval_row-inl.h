@@ -239,6 +239,78 @@ HWY_INLINE void ApplyScoreModRows(RowBuffers& buf, const EvalSite& site,
   }
 }
 
+/// Whether ScoreModRegisterRow can apply this score_mod: score + X, score - X (ALiBi,
+/// relative position) or a score chain (soft-capping).
+HWY_INLINE bool ScoreModRunsInRegisters(const RowBuffers& buf) {
+  return buf.bias >= 0 || !buf.score_chain.empty();
+}
+
+/// What ScoreModRegisterRow looked up for one chunk of rows (PrepareChunk) over one key
+/// tile, reused by the chunk's other rows, so that a row costs only its arithmetic.
+struct RegisterModRows {
+  int64_t q0 = -1;  // the chunk's first query (-1: nothing looked up yet)
+  int64_t lo = 0, hi = 0;
+  Pass pass{};          // chunk row 0 over lanes [lo, hi)
+  View<float> bias{};   // score + X: X at chunk row 0
+  float sign = 1.0f;    // -1 for score - X
+  ChainOperand operands[RowBuffers::kMaxChainSteps];  // the chain's, at chunk row 0
+  bool operands_by_row = false;  // some chain operand varies with the row
+};
+
+/// Makes the chunk of the site's query current and fills `rows` for it (lanes keys).
+inline HWY_NOINLINE void LookUpRegisterModRows(RowBuffers& buf, const EvalSite& site, int64_t lanes,
+                                      RegisterModRows& rows) {
+  PrepareChunk(buf, site.b, site.h, site.q_first, site.kv0);
+  rows.q0 = buf.chunk_q0;
+  rows.lo = 0;
+  rows.hi = lanes;
+  rows.pass = Pass{Shape::kScore, 1, 0, lanes, buf.lanes, 0, nullptr, 0, &rows.lo, &rows.hi};
+  if (buf.bias >= 0) {
+    rows.bias = ViewOf<float>(buf, buf.bias, rows.pass);
+    rows.sign = buf.bias_subtracted ? -1.0f : 1.0f;
+    return;
+  }
+  ChainRowOperands(buf, rows.pass, 0, rows.operands);
+  rows.operands_by_row = false;
+  for (const RowBuffers::ChainStep& step : buf.score_chain) {
+    if (step.operand >= 0 && ViewOf<float>(buf, step.operand, rows.pass).row_stride != 0) {
+      rows.operands_by_row = true;
+    }
+  }
+}
+
+/// score_mod of the site's query row (site.rows == 1) over a whole key tile (kVecs
+/// vectors = buf.lanes keys from site.kv0) whose scores are in registers, x[v] holding
+/// lanes v * Lanes(d)..: the fused kernels apply it before their register softmax, so the
+/// scores never reach memory. The operations are ApplyScoreModRows', lane for lane. Needs
+/// ScoreModRunsInRegisters; `rows` carries the lookups of the row's chunk across the
+/// calls for one tile (rows in any order; a fresh RegisterModRows per tile). Throws for a
+/// consumed failed element.
+template <int kVecs, class D>
+HWY_INLINE void ScoreModRegisterRow(RowBuffers& buf, const EvalSite& site, RegisterModRows& rows,
+                                    D d, hn::Vec<D> (&x)[kVecs]) {
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+  if (rows.q0 < 0 || site.q_first < rows.q0 || site.q_first - rows.q0 >= RowBuffers::kChunkRows) {
+    LookUpRegisterModRows(buf, site, kVecs * n, rows);
+  }
+  const int64_t row = site.q_first - rows.q0;
+  if (RowHasBad(buf, row, rows.lo, rows.hi)) {
+    float scores[RowBuffers::kMaxLanes];  // the oracle re-evaluates with the scores
+    for (int v = 0; v < kVecs; ++v) hn::StoreU(x[v], d, scores + v * n);
+    ReportBadRow(buf, scores, row, rows.lo, rows.hi);
+  }
+  if (buf.bias >= 0) {
+    const View<float> bias{rows.bias.base + row * rows.bias.row_stride, 0, rows.bias.lanes};
+    const auto sign = hn::Set(d, rows.sign);
+    for (int v = 0; v < kVecs; ++v) x[v] = hn::MulAdd(sign, Lanes(d, bias, v * n), x[v]);
+    return;
+  }
+  if (rows.operands_by_row) ChainRowOperands(buf, rows.pass, row, rows.operands);
+  for (size_t i = 0; i < buf.score_chain.size(); ++i) {
+    ChainStepGroup<kVecs>(d, buf.score_chain[i], rows.operands[i], x, 0);
+  }
+}
+
 /// Replaces s[j] by score_mod(s[j]) for j in [lo, hi), where s is the score row of the
 /// site's query over its key tile.
 HWY_INLINE void ApplyScoreMod(RowBuffers& buf, const EvalSite& site, float* s, int64_t lo,
