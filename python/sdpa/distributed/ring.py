@@ -1,0 +1,271 @@
+"""Context-parallel attention on torch.distributed: ring and all-gather strategies.
+
+Every rank holds a slice of the sequence (layout.py). The ring strategy (Ring Attention,
+Liu et al. 2023; the blockwise merge of FlashAttention) passes the K/V slices around the
+ranks: at step s rank r attends its queries to the slice of rank r - s, merging the
+partial results by logsumexp (merge_attention_states), while the next slice is already
+travelling (isend / irecv posted before the step's attention). The backward passes K, V
+and their gradient accumulators around the ring once more, so that each slice's dK / dV
+arrive back at its owner after visiting every rank; it takes the forward's merged out and
+logsumexp, so each piece's probabilities are the global ones. The all-gather strategy
+gathers K/V once and runs one exact call per query segment (Llama 3's context
+parallelism); its backward sums dK / dV over the ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+from .._api import scaled_dot_product_attention_backward, scaled_dot_product_attention_with_lse
+from .._kernel import sdpa_kernel
+from ..attention.bias import LocalAttentionBias, causal_lower_right
+from ..serving import merge_attention_states
+from .layout import Segment, segments
+
+def accumulator_dtype(t: torch.Tensor) -> torch.dtype:
+    """Gradients and partial outputs add up in float32, float64 inputs in float64."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+# A piece of one rank's work: local query rows [q0, q1) against rows [k0, k1) of one K/V
+# slice, under `mask` (None: every key visible).
+Piece = Tuple[int, int, int, int, Any]
+
+
+def causal_pieces(q_segs: Sequence[Segment], kv_segs: Sequence[Segment], causal: bool) -> List[Piece]:
+    """The pieces of q rows x kv rows that a (global, upper-left) causal mask leaves any key
+    in: query position i sees key position j <= i. A piece whose keys all precede its first
+    query has no mask; a diagonal one gets a top-left LocalAttentionBias (right = offset of
+    its first query from its first key); queries before the segment's first key are left
+    out (they see nothing of it)."""
+    pieces: List[Piece] = []
+    for qs in q_segs:
+        for ks in kv_segs:
+            if not causal:
+                pieces.append((qs.local, qs.local + qs.length, ks.local, ks.local + ks.length, None))
+                continue
+            skip = max(0, ks.start - qs.start)  # queries before the first key
+            if skip >= qs.length:
+                continue
+            first_query = qs.start + skip
+            full = ks.start + ks.length - 1 <= first_query
+            mask = None if full else LocalAttentionBias(None, first_query - ks.start, "top_left")
+            pieces.append((qs.local + skip, qs.local + qs.length, ks.local, ks.local + ks.length, mask))
+    return pieces
+
+
+class _Ring:
+    """One call's group, segments and options (shared by forward and backward)."""
+
+    def __init__(self, group: Any, layout: str, q_len: int, kv_len: int, is_causal: bool,
+                 scale: Optional[float], enable_gqa: bool, strategy: str):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        lengths = torch.tensor([q_len, kv_len], dtype=torch.int64)
+        gathered = [torch.empty_like(lengths) for _ in range(self.world)]
+        dist.all_gather(gathered, lengths, group=group)
+        self.q_lengths = [int(g[0]) for g in gathered]
+        self.kv_lengths = [int(g[1]) for g in gathered]
+        if self.q_lengths != self.kv_lengths:
+            raise _C.Error("context_parallel_attention: query and key/value slices must hold the "
+                           f"same positions; q lengths per rank {self.q_lengths}, k/v "
+                           f"{self.kv_lengths}")
+        self.q_segs = segments(layout, self.q_lengths, self.rank)
+        self.kv_segs = [segments(layout, self.kv_lengths, r) for r in range(self.world)]
+        self.is_causal = is_causal
+        self.scale = scale
+        self.enable_gqa = enable_gqa
+        self.strategy = strategy
+
+    def peer(self, offset: int) -> int:
+        group_rank = (self.rank + offset) % self.world
+        if self.group is None or self.group is dist.group.WORLD:
+            return group_rank
+        return dist.get_global_rank(self.group, group_rank)
+
+    def owner(self, step: int) -> int:
+        """The rank whose K/V slice this rank holds at ring step `step`."""
+        return (self.rank - step) % self.world
+
+    def exchange(self, tensors: Sequence[torch.Tensor], recv_len: int) -> Tuple[list, list]:
+        """Posts the send of `tensors` to the next rank and the receive of the previous
+        rank's (same shapes but `recv_len` rows along dim -2); returns (works, buffers).
+        Empty tensors travel as nothing: both sides know the lengths; a rank alone is its
+        own neighbour. The works keep their P2POps (and so the tensors) alive."""
+        if self.world == 1:
+            return [], list(tensors)
+        ops, buffers = [], []
+        for t in tensors:
+            shape = list(t.shape)
+            shape[-2] = recv_len
+            buf = torch.empty(shape, dtype=t.dtype, device=t.device)
+            buffers.append(buf)
+            if t.numel() > 0:
+                ops.append(dist.P2POp(dist.isend, t.contiguous(), self.peer(1), self.group))
+            if buf.numel() > 0:
+                ops.append(dist.P2POp(dist.irecv, buf, self.peer(-1), self.group))
+        works = dist.batch_isend_irecv(ops) if ops else []
+        return [(w, ops) for w in works], buffers
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: int,
+               out: torch.Tensor, lse: torch.Tensor) -> None:
+        """Merges q's attention to the K/V slice of `owner` into out (float32) / lse."""
+        for q0, q1, k0, k1, mask in causal_pieces(self.q_segs, self.kv_segs[owner], self.is_causal):
+            part = scaled_dot_product_attention_with_lse(
+                q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :], attn_mask=mask,
+                scale=self.scale, enable_gqa=self.enable_gqa)
+            merged_out, merged_lse = merge_attention_states(
+                out[..., q0:q1, :], lse[..., q0:q1], part.out.float(), part.lse)
+            out[..., q0:q1, :] = merged_out
+            lse[..., q0:q1] = merged_lse
+
+    def grads(self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              out: torch.Tensor, lse: torch.Tensor, owner: int, dq: torch.Tensor,
+              dk: torch.Tensor, dv: torch.Tensor) -> None:
+        """Adds the gradients of q's attention to the K/V slice of `owner` (with the global
+        out and lse) to dq and to that slice's dk / dv (float32)."""
+        # FLASH computes each piece's probabilities from the given (global) logsumexp.
+        with sdpa_kernel(_C.SDPBackend.FLASH_ATTENTION):
+            for q0, q1, k0, k1, mask in causal_pieces(self.q_segs, self.kv_segs[owner],
+                                                      self.is_causal):
+                g = scaled_dot_product_attention_backward(
+                    dout[..., q0:q1, :], q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :],
+                    out[..., q0:q1, :], lse[..., q0:q1], attn_mask=mask, scale=self.scale,
+                    enable_gqa=self.enable_gqa)
+                dq[..., q0:q1, :] += g.grad_q.float()
+                dk[..., k0:k1, :] += g.grad_k.float()
+                dv[..., k0:k1, :] += g.grad_v.float()
+
+    def ring_forward(self, q, k, v):
+        out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float32, device=q.device)
+        lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
+        for step in range(self.world):
+            works, received = [], None
+            if step + 1 < self.world:  # the next slice travels while this one is used
+                works, received = self.exchange((k, v), self.kv_lengths[self.owner(step + 1)])
+            self.attend(q, k, v, self.owner(step), out, lse)
+            for w, _ in works:
+                w.wait()
+            if received is not None:
+                k, v = received
+        return out.to(q.dtype), lse
+
+    def ring_backward(self, dout, q, k, v, out, lse):
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        for step in range(self.world):
+            self.grads(dout, q, k, v, out, lse, self.owner(step), dq, dk, dv)
+            # The slice (and its gradients) moves on; after the last step only the
+            # gradients travel, back to their owner.
+            last = step + 1 == self.world
+            travelling = (dk, dv) if last else (k, v, dk, dv)
+            works, received = self.exchange(travelling, self.kv_lengths[self.owner(step + 1)])
+            for w, _ in works:
+                w.wait()
+            if last:
+                dk, dv = received
+            else:
+                k, v, dk, dv = received
+        return dq, dk, dv
+
+    def gather_kv(self, k, v):
+        """Every rank's K/V slice (rank order), through one all_gather of padded slices."""
+        longest = max(self.kv_lengths)
+        both = torch.cat([k, v], dim=-1)
+        padded = torch.zeros(*both.shape[:-2], longest, both.shape[-1], dtype=both.dtype)
+        padded[..., :both.shape[-2], :] = both
+        gathered = [torch.empty_like(padded) for _ in range(self.world)]
+        dist.all_gather(gathered, padded.contiguous(), group=self.group)
+        e = k.shape[-1]
+        return [(g[..., :n, :e], g[..., :n, e:]) for g, n in zip(gathered, self.kv_lengths)]
+
+    def global_kv(self, slices):
+        """K and V in global position order from every rank's slice."""
+        parts = []
+        for r, (k, v) in enumerate(slices):
+            for s in self.kv_segs[r]:
+                parts.append((s.start, k[..., s.local:s.local + s.length, :],
+                              v[..., s.local:s.local + s.length, :]))
+        parts.sort(key=lambda p: p[0])
+        return torch.cat([p[1] for p in parts], dim=-2), torch.cat([p[2] for p in parts], dim=-2)
+
+    def segment_calls(self, total: int):
+        """Per query segment: (local rows, keys [0, end) it attends to, mask)."""
+        for s in self.q_segs:
+            if not self.is_causal:
+                yield s.local, s.local + s.length, total, None
+            else:
+                end = s.start + s.length
+                yield s.local, s.local + s.length, end, causal_lower_right(s.length, end)
+
+
+class _ContextParallelAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, ring):
+        if ring.strategy == "ring":
+            out, lse = ring.ring_forward(q, k, v)
+            ctx.save_for_backward(q, k, v, out, lse)
+        else:
+            out = _all_gather_forward(ring, q, k, v)
+            ctx.save_for_backward(q, k, v)
+        ctx.ring = ring
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        ring = ctx.ring
+        dout = dout.contiguous()
+        if ring.strategy == "ring":
+            q, k, v, out, lse = ctx.saved_tensors
+            dq, dk, dv = ring.ring_backward(dout, q, k, v, out, lse)
+        else:
+            q, k, v = ctx.saved_tensors
+            dq, dk, dv = _all_gather_backward(ring, dout, q, k, v)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+def _all_gather_forward(ring: _Ring, q, k, v):
+    keys, values = ring.global_kv(ring.gather_kv(k, v))
+    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    for q0, q1, end, mask in ring.segment_calls(keys.shape[-2]):
+        part = scaled_dot_product_attention_with_lse(
+            q[..., q0:q1, :], keys[..., :end, :], values[..., :end, :], attn_mask=mask,
+            scale=ring.scale, enable_gqa=ring.enable_gqa)
+        out[..., q0:q1, :] = part.out
+    return out
+
+
+def _all_gather_backward(ring: _Ring, dout, q, k, v):
+    slices = ring.gather_kv(k, v)
+    keys, values = ring.global_kv(slices)
+    total = keys.shape[-2]
+    acc = accumulator_dtype(q)
+    dq = torch.zeros(q.shape, dtype=acc)
+    dkeys = torch.zeros(keys.shape, dtype=acc)
+    dvalues = torch.zeros(values.shape, dtype=acc)
+    for q0, q1, end, mask in ring.segment_calls(total):
+        kw = dict(attn_mask=mask, scale=ring.scale, enable_gqa=ring.enable_gqa)
+        q_rows, k_rows, v_rows = q[..., q0:q1, :], keys[..., :end, :], values[..., :end, :]
+        part = scaled_dot_product_attention_with_lse(q_rows, k_rows, v_rows, **kw)
+        g = scaled_dot_product_attention_backward(dout[..., q0:q1, :], q_rows, k_rows, v_rows,
+                                                  part.out, part.lse, **kw)
+        dq[..., q0:q1, :] += g.grad_q.to(acc)
+        dkeys[..., :end, :] += g.grad_k.to(acc)
+        dvalues[..., :end, :] += g.grad_v.to(acc)
+    # Every rank's contributions to every position, summed; each keeps its own rows.
+    both = torch.cat([dkeys, dvalues], dim=-1)
+    dist.all_reduce(both, group=ring.group)
+    e = k.shape[-1]
+    dk = torch.empty(k.shape, dtype=acc)
+    dv = torch.empty(v.shape, dtype=acc)
+    for s in ring.kv_segs[ring.rank]:
+        dk[..., s.local:s.local + s.length, :] = both[..., s.start:s.start + s.length, :e]
+        dv[..., s.local:s.local + s.length, :] = both[..., s.start:s.start + s.length, e:]
+    return dq, dk, dv

@@ -1,0 +1,119 @@
+"""One rank of test_distributed.py: joins a gloo group on 127.0.0.1, runs every case of
+context_parallel_attention on its slice and checks out and the gradients of q, k and v
+against a float64 reference of attention over the whole sequence, computed here with
+plain torch operations. Exits 0 when every case agrees; prints the failing case.
+
+    python distributed_worker.py RANK WORLD_SIZE PORT
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import sdpa
+import sdpa.distributed as cp
+
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float64: 1e-12}
+
+
+def reference(q, k, v, dout, is_causal, scale):
+    """float64 attention over the whole sequence and its gradients (GQA by repetition)."""
+    q, k, v, dout = (t.double().detach().requires_grad_(t is not dout) for t in (q, k, v, dout))
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = q @ kk.transpose(-1, -2) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if is_causal:
+        n = q.shape[-2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    out = torch.softmax(s, -1) @ vv
+    out.backward(dout)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def lengths_for(layout, total, world, uneven):
+    if layout == "zigzag" or not uneven:
+        return None
+    return uneven
+
+
+def run_case(rank, world, name, *, total, heads=(4, 2), dims=(16, 12), dtype=torch.float32,
+             is_causal=False, layout="contiguous", strategy="ring", uneven=None, scale=None):
+    torch.manual_seed(1234)  # every rank draws the same global tensors
+    b, (hq, hkv), (e, ev) = 2, heads, dims
+    q = torch.randn(b, hq, total, e)
+    k = torch.randn(b, hkv, total, e)
+    v = torch.randn(b, hkv, total, ev)
+    dout = torch.randn(b, hq, total, ev)
+    gold = reference(q, k, v, dout, is_causal, scale)
+
+    def local(x):
+        if uneven is not None:
+            return torch.split(x, uneven, dim=-2)[rank]
+        return cp.shard(x, layout, world, rank)
+
+    ql, kl, vl = (local(t).to(dtype).requires_grad_() for t in (q, k, v))
+    out = cp.context_parallel_attention(ql, kl, vl, strategy=strategy, layout=layout,
+                                        is_causal=is_causal, scale=scale, enable_gqa=hq != hkv)
+    out.backward(local(dout).to(dtype))
+    tol = TOLERANCE[dtype]
+    for what, got, want in (("out", out, gold[0]), ("grad_q", ql.grad, gold[1]),
+                            ("grad_k", kl.grad, gold[2]), ("grad_v", vl.grad, gold[3])):
+        want = local(want)
+        if got.shape != want.shape:
+            raise AssertionError(f"{name}: {what} shape {tuple(got.shape)}, want {tuple(want.shape)}")
+        if want.numel() == 0:
+            continue
+        err = (got.double() - want).abs().max().item() / max(want.abs().max().item(), 1.0)
+        if not err <= tol:
+            raise AssertionError(f"{name}: rank {rank}: {what} relative error {err:.3e} > {tol:.0e}")
+
+
+def expect_error(fn, needle):
+    try:
+        fn()
+    except sdpa.Error as e:
+        if needle not in str(e):
+            raise AssertionError(f"error {e!r} does not name {needle!r}") from e
+        return
+    raise AssertionError(f"no sdpa.Error naming {needle!r}")
+
+
+def main():
+    rank, world, port = (int(a) for a in sys.argv[1:4])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    torch.set_num_threads(1)
+    uneven = [7, 30] if world == 2 else [5, 0, 20, 12]
+    cases = [
+        dict(name="plain ring", total=8 * world + 3),
+        dict(name="causal zigzag ring", total=12 * world + 5, is_causal=True, layout="zigzag"),
+        dict(name="causal uneven ring", total=sum(uneven), is_causal=True, uneven=uneven),
+        dict(name="plain uneven ring, MHA, scale", total=sum(uneven), uneven=uneven,
+             heads=(3, 3), scale=0.3),
+        dict(name="causal zigzag ring bf16", total=16 * world, is_causal=True, layout="zigzag",
+             dtype=torch.bfloat16),
+        dict(name="causal zigzag all_gather", total=12 * world + 5, is_causal=True,
+             layout="zigzag", strategy="all_gather"),
+        dict(name="causal uneven all_gather float64", total=sum(uneven), is_causal=True,
+             uneven=uneven, strategy="all_gather", dtype=torch.float64),
+    ]
+    for case in cases:
+        run_case(rank, world, **case)
+    x = torch.randn(1, 2, 4, 8)
+    expect_error(lambda: cp.context_parallel_attention(x, x, x, dropout_p=0.1), "dropout_p")
+    expect_error(lambda: cp.context_parallel_attention(x, x, x, attn_mask=torch.ones(4, 4)),
+                 "attn_mask")
+    expect_error(lambda: cp.context_parallel_attention(x.double(), x.double(), x.double()),
+                 "all_gather")
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {rank}: {len(cases)} cases ok")
+
+
+if __name__ == "__main__":
+    main()
