@@ -21,35 +21,50 @@ import sdpa.distributed as cp
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float64: 1e-12}
 
 
-def reference(q, k, v, dout, is_causal, scale):
+def visible(n, is_causal, window, docs):
+    """[n, n] bool: query i sees key j (causal, window (left, right), document lengths)."""
+    i = torch.arange(n).unsqueeze(1)
+    j = torch.arange(n).unsqueeze(0)
+    keep = torch.ones(n, n, dtype=torch.bool)
+    if is_causal:
+        keep &= j <= i
+    if window is not None:
+        keep &= (j >= i - window[0]) & (j <= i + window[1])
+    if docs is not None:
+        doc = torch.repeat_interleave(torch.arange(len(docs)), torch.tensor(docs))
+        keep &= doc.unsqueeze(1) == doc.unsqueeze(0)
+    return keep
+
+
+def reference(q, k, v, dout, keep, scale):
     """float64 attention over the whole sequence and its gradients (GQA by repetition)."""
     q, k, v, dout = (t.double().detach().requires_grad_(t is not dout) for t in (q, k, v, dout))
     group = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = q @ kk.transpose(-1, -2) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
-    if is_causal:
-        n = q.shape[-2]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    s = s.masked_fill(~keep, -math.inf)
     out = torch.softmax(s, -1) @ vv
     out.backward(dout)
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def lengths_for(layout, total, world, uneven):
-    if layout == "zigzag" or not uneven:
-        return None
-    return uneven
-
-
 def run_case(rank, world, name, *, total, heads=(4, 2), dims=(16, 12), dtype=torch.float32,
-             is_causal=False, layout="contiguous", strategy="ring", uneven=None, scale=None):
+             is_causal=False, layout="contiguous", strategy="ring", uneven=None, scale=None,
+             window=None, docs=None):
     torch.manual_seed(1234)  # every rank draws the same global tensors
     b, (hq, hkv), (e, ev) = 2, heads, dims
     q = torch.randn(b, hq, total, e)
     k = torch.randn(b, hkv, total, e)
     v = torch.randn(b, hkv, total, ev)
     dout = torch.randn(b, hq, total, ev)
-    gold = reference(q, k, v, dout, is_causal, scale)
+    gold = reference(q, k, v, dout, visible(total, is_causal, window, docs), scale)
+    parts = []
+    if window is not None:
+        parts.append(sdpa.attention.bias.LocalAttentionBias(*window))
+    if docs is not None:
+        parts.append(sdpa.attention.bias.BlockDiagonalBias.from_seqlens(docs, causal=is_causal))
+        is_causal = False
+    mask = None if not parts else parts[0] if len(parts) == 1 else sdpa.attention.bias.compose(parts)
 
     def local(x):
         if uneven is not None:
@@ -58,7 +73,8 @@ def run_case(rank, world, name, *, total, heads=(4, 2), dims=(16, 12), dtype=tor
 
     ql, kl, vl = (local(t).to(dtype).requires_grad_() for t in (q, k, v))
     out = cp.context_parallel_attention(ql, kl, vl, strategy=strategy, layout=layout,
-                                        is_causal=is_causal, scale=scale, enable_gqa=hq != hkv)
+                                        is_causal=is_causal, attn_mask=mask, scale=scale,
+                                        enable_gqa=hq != hkv)
     out.backward(local(dout).to(dtype))
     tol = TOLERANCE[dtype]
     for what, got, want in (("out", out, gold[0]), ("grad_q", ql.grad, gold[1]),
@@ -101,6 +117,16 @@ def main():
              layout="zigzag", strategy="all_gather"),
         dict(name="causal uneven all_gather float64", total=sum(uneven), is_causal=True,
              uneven=uneven, strategy="all_gather", dtype=torch.float64),
+        # Windows and documents that cross rank boundaries.
+        dict(name="window zigzag ring", total=12 * world + 5, window=(6, 0), layout="zigzag"),
+        dict(name="two-sided window uneven ring", total=sum(uneven), window=(4, 3),
+             uneven=uneven),
+        dict(name="causal documents ring", total=10 * world + 3, is_causal=True,
+             docs=[3, 10 * world - 5, 5]),
+        dict(name="documents and window zigzag ring", total=12 * world, window=(5, 0),
+             docs=[7, 12 * world - 7], layout="zigzag"),
+        dict(name="causal documents all_gather", total=10 * world + 3, is_causal=True,
+             docs=[3, 10 * world - 5, 5], strategy="all_gather", layout="zigzag"),
     ]
     for case in cases:
         run_case(rank, world, **case)
@@ -108,6 +134,8 @@ def main():
     expect_error(lambda: cp.context_parallel_attention(x, x, x, dropout_p=0.1), "dropout_p")
     expect_error(lambda: cp.context_parallel_attention(x, x, x, attn_mask=torch.ones(4, 4)),
                  "attn_mask")
+    expect_error(lambda: cp.context_parallel_attention(
+        x, x, x, attn_mask=sdpa.attention.bias.LocalAttentionBias(2, 0), is_causal=True), "not both")
     expect_error(lambda: cp.context_parallel_attention(x.double(), x.double(), x.double()),
                  "all_gather")
     dist.barrier()

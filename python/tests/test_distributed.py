@@ -79,3 +79,51 @@ def test_layout_errors_name_what_was_expected():
         cp.segments("striped", [3, 3], 0)
     with pytest.raises(ValueError, match="strategy"):
         cp.context_parallel_attention(None, None, None, strategy="tree")
+
+
+def _band_keeps(mask, i, j):
+    """What a top-left LocalAttentionBias (or None) keeps at local (i, j)."""
+    if mask is None:
+        return True
+    return ((mask.left is None or j >= i - mask.left) and
+            (mask.right is None or j <= i + mask.right))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("band,docs", [((None, 0), None), ((4, 0), None), ((3, 2), None),
+                                       ((None, None), (5, 20, 12)), ((None, 0), (5, 20, 12)),
+                                       ((6, 1), (9, 28)), ((0, 0), None), ((None, 3), None)])
+def test_pieces_cover_exactly_the_visible_pairs(layout, band, docs):
+    from sdpa.distributed.pieces import GlobalMask, pieces
+    world, total = 3, 37
+    x = torch.arange(total).reshape(1, 1, total, 1)
+    lengths = [cp.shard(x, layout, world, r).shape[-2] for r in range(world)]
+    cu = None
+    if docs is not None:
+        cu = (0,) + tuple(int(c) for c in torch.tensor(docs).cumsum(0))
+    mask = GlobalMask(band[0], band[1], cu)
+
+    def sees(i, j):
+        ok = (band[0] is None or j >= i - band[0]) and (band[1] is None or j <= i + band[1])
+        if cu is not None:
+            ok = ok and max(d for d in range(len(cu) - 1) if cu[d] <= i) == max(
+                d for d in range(len(cu) - 1) if cu[d] <= j)
+        return ok
+
+    for r in range(world):
+        q_segs = cp.segments(layout, lengths, r)
+        q_pos = cp.shard(x, layout, world, r)[0, 0, :, 0].tolist()
+        for owner in range(world):
+            kv_pos = cp.shard(x, layout, world, owner)[0, 0, :, 0].tolist()
+            covered = {}
+            for q0, q1, k0, k1, m in pieces(q_segs, cp.segments(layout, lengths, owner), mask):
+                for a in range(q0, q1):
+                    assert any(_band_keeps(m, a - q0, b - k0) for b in range(k0, k1)), \
+                        "a piece row without keys"
+                    for b in range(k0, k1):
+                        if _band_keeps(m, a - q0, b - k0):
+                            assert (a, b) not in covered, "pieces overlap"
+                            covered[(a, b)] = True
+            want = {(a, b) for a in range(len(q_pos)) for b in range(len(kv_pos))
+                    if sees(q_pos[a], kv_pos[b])}
+            assert set(covered) == want

@@ -7,7 +7,8 @@ torch.distributed process group (gloo on the CPU).
                                               is_causal=True, layout="zigzag")
     out = cp.unshard(all_slices, "zigzag")                     # if the whole is wanted
 
-Strategies (ring.py): ``"ring"`` passes K/V slices around the ranks, overlapping each
+Masks over global positions (causal, sliding windows, packed documents) become native
+per-piece masks (pieces.py). Strategies (ring.py): ``"ring"`` passes K/V slices around the ranks, overlapping each
 transfer with the attention to the previous slice, and merges partial results by
 logsumexp; ``"all_gather"`` gathers K/V once and runs exact local calls. Layouts
 (layout.py): ``"contiguous"`` slices or the causal load-balancing ``"zigzag"`` split.
@@ -38,13 +39,15 @@ def context_parallel_attention(query: Any, key: Any, value: Any, group: Any = No
     of the sequence (the same positions for q, k and v; slices may differ in length and
     be empty), CPU torch tensors, float32 / float16 / bfloat16 (float64 with
     ``strategy="all_gather"``). ``layout`` says which global positions each rank holds
-    (layout.py); ``is_causal`` is causal over global positions (query i sees keys
-    j <= i); GQA sends only the kv heads. Every rank of the group must call it with the
+    (layout.py). Masks are over global positions: ``is_causal`` (query i sees keys
+    j <= i) or ``attn_mask`` a LocalAttentionBias (sliding window), a BlockDiagonalBias
+    whose documents cover the whole sequence (optionally causal), or a composition of the
+    two (pieces.py); every rank passes the same one. GQA sends only the kv heads. Every rank of the group must call it with the
     same options. Returns this rank's out [B, Hq, L_r, Ev] in the query's dtype; autograd
     flows to query, key and value (the ring backward passes dK / dV around the ring).
 
-    Raises sdpa.Error for arguments it cannot serve: an attn_mask or dropout (not yet
-    supported across ranks), CUDA tensors (the ring backward needs FLASH_ATTENTION, which
+    Raises sdpa.Error for arguments it cannot serve: another attn_mask (tensors, ALiBi),
+    dropout (not yet supported across ranks), CUDA tensors (the ring backward needs FLASH_ATTENTION, which
     sdpa runs on the CPU only), float64 with the ring strategy (FLASH's float64 backward
     recomputes row statistics instead of taking the global logsumexp); ValueError for an
     unknown strategy or layout, or slices that do not match the layout.
@@ -67,9 +70,6 @@ def context_parallel_attention(query: Any, key: Any, value: Any, group: Any = No
             raise _C.Error(f"context_parallel_attention: {name}: expected a CPU tensor, got "
                            f"{t.device} (the ring backward runs on FLASH_ATTENTION, a CPU "
                            "backend)")
-    if attn_mask is not None:
-        raise _C.Error("context_parallel_attention: attn_mask: not supported across ranks yet; "
-                       "use is_causal")
     if dropout_p != 0.0:
         raise _C.Error(f"context_parallel_attention: dropout_p: expected 0.0, got {dropout_p} "
                        "(dropout across ranks is not supported yet)")
@@ -77,7 +77,7 @@ def context_parallel_attention(query: Any, key: Any, value: Any, group: Any = No
         raise _C.Error("context_parallel_attention: float64 needs strategy='all_gather' (the "
                        "ring backward takes the global logsumexp, which FLASH's float64 "
                        "backward does not)")
-    ring = _Ring(group, layout, query.shape[-2], key.shape[-2], bool(is_causal), scale,
-                 bool(enable_gqa), strategy)
+    ring = _Ring(group, layout, query.shape[-2], key.shape[-2], attn_mask, bool(is_causal),
+                 scale, bool(enable_gqa), strategy)
     return _ContextParallelAttention.apply(query.contiguous(), key.contiguous(),
                                            value.contiguous(), ring)

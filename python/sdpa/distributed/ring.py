@@ -23,47 +23,20 @@ import torch.distributed as dist
 from .. import _C
 from .._api import scaled_dot_product_attention_backward, scaled_dot_product_attention_with_lse
 from .._kernel import sdpa_kernel
-from ..attention.bias import LocalAttentionBias, causal_lower_right
 from ..serving import merge_attention_states
 from .layout import Segment, segments
+from .pieces import GlobalMask, global_mask, pieces
 
 def accumulator_dtype(t: torch.Tensor) -> torch.dtype:
     """Gradients and partial outputs add up in float32, float64 inputs in float64."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-# A piece of one rank's work: local query rows [q0, q1) against rows [k0, k1) of one K/V
-# slice, under `mask` (None: every key visible).
-Piece = Tuple[int, int, int, int, Any]
-
-
-def causal_pieces(q_segs: Sequence[Segment], kv_segs: Sequence[Segment], causal: bool) -> List[Piece]:
-    """The pieces of q rows x kv rows that a (global, upper-left) causal mask leaves any key
-    in: query position i sees key position j <= i. A piece whose keys all precede its first
-    query has no mask; a diagonal one gets a top-left LocalAttentionBias (right = offset of
-    its first query from its first key); queries before the segment's first key are left
-    out (they see nothing of it)."""
-    pieces: List[Piece] = []
-    for qs in q_segs:
-        for ks in kv_segs:
-            if not causal:
-                pieces.append((qs.local, qs.local + qs.length, ks.local, ks.local + ks.length, None))
-                continue
-            skip = max(0, ks.start - qs.start)  # queries before the first key
-            if skip >= qs.length:
-                continue
-            first_query = qs.start + skip
-            full = ks.start + ks.length - 1 <= first_query
-            mask = None if full else LocalAttentionBias(None, first_query - ks.start, "top_left")
-            pieces.append((qs.local + skip, qs.local + qs.length, ks.local, ks.local + ks.length, mask))
-    return pieces
-
-
 class _Ring:
     """One call's group, segments and options (shared by forward and backward)."""
 
-    def __init__(self, group: Any, layout: str, q_len: int, kv_len: int, is_causal: bool,
-                 scale: Optional[float], enable_gqa: bool, strategy: str):
+    def __init__(self, group: Any, layout: str, q_len: int, kv_len: int, mask: Any,
+                 is_causal: bool, scale: Optional[float], enable_gqa: bool, strategy: str):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
@@ -78,7 +51,7 @@ class _Ring:
                            f"{self.kv_lengths}")
         self.q_segs = segments(layout, self.q_lengths, self.rank)
         self.kv_segs = [segments(layout, self.kv_lengths, r) for r in range(self.world)]
-        self.is_causal = is_causal
+        self.mask: GlobalMask = global_mask(mask, is_causal, sum(self.q_lengths))
         self.scale = scale
         self.enable_gqa = enable_gqa
         self.strategy = strategy
@@ -116,7 +89,7 @@ class _Ring:
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: int,
                out: torch.Tensor, lse: torch.Tensor) -> None:
         """Merges q's attention to the K/V slice of `owner` into out (float32) / lse."""
-        for q0, q1, k0, k1, mask in causal_pieces(self.q_segs, self.kv_segs[owner], self.is_causal):
+        for q0, q1, k0, k1, mask in pieces(self.q_segs, self.kv_segs[owner], self.mask):
             part = scaled_dot_product_attention_with_lse(
                 q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :], attn_mask=mask,
                 scale=self.scale, enable_gqa=self.enable_gqa)
@@ -132,8 +105,7 @@ class _Ring:
         out and lse) to dq and to that slice's dk / dv (float32)."""
         # FLASH computes each piece's probabilities from the given (global) logsumexp.
         with sdpa_kernel(_C.SDPBackend.FLASH_ATTENTION):
-            for q0, q1, k0, k1, mask in causal_pieces(self.q_segs, self.kv_segs[owner],
-                                                      self.is_causal):
+            for q0, q1, k0, k1, mask in pieces(self.q_segs, self.kv_segs[owner], self.mask):
                 g = scaled_dot_product_attention_backward(
                     dout[..., q0:q1, :], q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :],
                     out[..., q0:q1, :], lse[..., q0:q1], attn_mask=mask, scale=self.scale,
@@ -196,14 +168,10 @@ class _Ring:
         parts.sort(key=lambda p: p[0])
         return torch.cat([p[1] for p in parts], dim=-2), torch.cat([p[2] for p in parts], dim=-2)
 
-    def segment_calls(self, total: int):
-        """Per query segment: (local rows, keys [0, end) it attends to, mask)."""
-        for s in self.q_segs:
-            if not self.is_causal:
-                yield s.local, s.local + s.length, total, None
-            else:
-                end = s.start + s.length
-                yield s.local, s.local + s.length, end, causal_lower_right(s.length, end)
+    def gathered_pieces(self, total: int):
+        """The pieces of this rank's queries against the gathered K/V in global order: at
+        most one per query row (documents split the query segments, never the rows)."""
+        return pieces(self.q_segs, [Segment(0, total, 0)], self.mask)
 
 
 class _ContextParallelAttention(torch.autograd.Function):
@@ -233,10 +201,11 @@ class _ContextParallelAttention(torch.autograd.Function):
 
 def _all_gather_forward(ring: _Ring, q, k, v):
     keys, values = ring.global_kv(ring.gather_kv(k, v))
-    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
-    for q0, q1, end, mask in ring.segment_calls(keys.shape[-2]):
+    # Rows no key is visible to (none under the supported masks) stay 0.
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    for q0, q1, k0, k1, mask in ring.gathered_pieces(keys.shape[-2]):
         part = scaled_dot_product_attention_with_lse(
-            q[..., q0:q1, :], keys[..., :end, :], values[..., :end, :], attn_mask=mask,
+            q[..., q0:q1, :], keys[..., k0:k1, :], values[..., k0:k1, :], attn_mask=mask,
             scale=ring.scale, enable_gqa=ring.enable_gqa)
         out[..., q0:q1, :] = part.out
     return out
@@ -250,15 +219,15 @@ def _all_gather_backward(ring: _Ring, dout, q, k, v):
     dq = torch.zeros(q.shape, dtype=acc)
     dkeys = torch.zeros(keys.shape, dtype=acc)
     dvalues = torch.zeros(values.shape, dtype=acc)
-    for q0, q1, end, mask in ring.segment_calls(total):
+    for q0, q1, k0, k1, mask in ring.gathered_pieces(total):
         kw = dict(attn_mask=mask, scale=ring.scale, enable_gqa=ring.enable_gqa)
-        q_rows, k_rows, v_rows = q[..., q0:q1, :], keys[..., :end, :], values[..., :end, :]
+        q_rows, k_rows, v_rows = q[..., q0:q1, :], keys[..., k0:k1, :], values[..., k0:k1, :]
         part = scaled_dot_product_attention_with_lse(q_rows, k_rows, v_rows, **kw)
         g = scaled_dot_product_attention_backward(dout[..., q0:q1, :], q_rows, k_rows, v_rows,
                                                   part.out, part.lse, **kw)
         dq[..., q0:q1, :] += g.grad_q.to(acc)
-        dkeys[..., :end, :] += g.grad_k.to(acc)
-        dvalues[..., :end, :] += g.grad_v.to(acc)
+        dkeys[..., k0:k1, :] += g.grad_k.to(acc)
+        dvalues[..., k0:k1, :] += g.grad_v.to(acc)
     # Every rank's contributions to every position, summed; each keeps its own rows.
     both = torch.cat([dkeys, dvalues], dim=-1)
     dist.all_reduce(both, group=ring.group)
