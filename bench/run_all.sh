@@ -64,6 +64,9 @@ if "$python" -c "import torch, sdpa" 2>/dev/null; then
   "$python" bench/compare_torch.py --small --repeats 15 --threads "$threads" \
     --sdpa-cli "$sdpa" --json "$out/compare_torch_small.json" ||
     echo "compare_torch.py --small failed: see its output above" >&2
+  step "context parallelism over gloo ranks"
+  "$python" bench/context_parallel.py --ranks "$threads" --json "$out/context_parallel.json" ||
+    echo "context_parallel.py failed: see its output above" >&2
 else
   echo "skipped: '$python' cannot import torch and sdpa (set SDPA_PYTHON)" >&2
 fi

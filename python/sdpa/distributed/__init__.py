@@ -21,10 +21,25 @@ from typing import Any, Optional
 from .. import _C
 from .layout import LAYOUTS, Segment, segments, shard, unshard
 
+
+def bytes_sent() -> int:
+    """Bytes this process's context-parallel calls have sent to other ranks (ring
+    exchanges; the all_gather strategy's collectives are not counted)."""
+    from .ring import bytes_sent as sent
+
+    return sent()
+
+
+def reset_bytes_sent() -> None:
+    """Sets bytes_sent() back to 0."""
+    from .ring import reset_bytes_sent as reset
+
+    reset()
+
 STRATEGIES = ("ring", "all_gather")
 
 __all__ = ["context_parallel_attention", "shard", "unshard", "segments", "Segment",
-           "LAYOUTS", "STRATEGIES"]
+           "bytes_sent", "reset_bytes_sent", "LAYOUTS", "STRATEGIES"]
 
 
 def context_parallel_attention(query: Any, key: Any, value: Any, group: Any = None, *,

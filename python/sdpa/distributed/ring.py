@@ -32,6 +32,19 @@ def accumulator_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
+# Bytes this process has sent through exchange() (bytes_sent / reset_bytes_sent).
+_sent = [0]
+
+
+def bytes_sent() -> int:
+    """Bytes this process's context-parallel calls have sent to their ring neighbours."""
+    return _sent[0]
+
+
+def reset_bytes_sent() -> None:
+    _sent[0] = 0
+
+
 class _Ring:
     """One call's group, segments and options (shared by forward and backward)."""
 
@@ -81,6 +94,7 @@ class _Ring:
             buffers.append(buf)
             if t.numel() > 0:
                 ops.append(dist.P2POp(dist.isend, t.contiguous(), self.peer(1), self.group))
+                _sent[0] += t.numel() * t.element_size()
             if buf.numel() > 0:
                 ops.append(dist.P2POp(dist.irecv, buf, self.peer(-1), self.group))
         works = dist.batch_isend_irecv(ops) if ops else []
