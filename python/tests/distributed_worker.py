@@ -3,13 +3,18 @@ context_parallel_attention on its slice and checks out and the gradients of q, k
 against a float64 reference of attention over the whole sequence, computed here with
 plain torch operations. Exits 0 when every case agrees; prints the failing case.
 
-    python distributed_worker.py RANK WORLD_SIZE PORT
+    python distributed_worker.py RANK WORLD_SIZE PORT [die]
+
+With `die`, rank 1 exits in the middle of a ring call (after its first attention) and
+every other rank must raise sdpa.Error within the call's timeout instead of hanging.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -99,11 +104,32 @@ def expect_error(fn, needle):
     raise AssertionError(f"no sdpa.Error naming {needle!r}")
 
 
+def die_mid_call(rank, world):
+    import sdpa.distributed.ring as ring
+
+    if rank == 1:
+        def attend_then_die(*args, **kwargs):
+            os._exit(3)
+
+        ring._Ring.attend = attend_then_die
+    q, k, v = (torch.randn(1, 2, 40, 8, requires_grad=True) for _ in range(3))
+    start = time.monotonic()
+    try:
+        cp.context_parallel_attention(q, k, v, is_causal=True, timeout=20).sum().backward()
+    except sdpa.Error as e:
+        assert "failed" in str(e) and "rank" in str(e), str(e)
+        print(f"rank {rank}: peer death reported after {time.monotonic() - start:.1f} s: {e}")
+        os._exit(0)
+    raise AssertionError(f"rank {rank}: no error although rank 1 died")
+
+
 def main():
     rank, world, port = (int(a) for a in sys.argv[1:4])
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     torch.set_num_threads(1)
+    if sys.argv[4:] == ["die"]:
+        return die_mid_call(rank, world)
     uneven = [7, 30] if world == 2 else [5, 0, 20, 12]
     cases = [
         dict(name="plain ring", total=8 * world + 3),

@@ -27,23 +27,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_ring_and_all_gather_equal_the_whole_sequence(world):
+def run_ranks(world, *extra, timeout=300):
+    """Runs distributed_worker.py on `world` ranks; returns [(returncode, output)]."""
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), str(port)],
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), str(port),
+                               *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
              for r in range(world)]
     outputs = []
     try:
         for p in procs:
-            outputs.append(p.communicate(timeout=300)[0])
+            outputs.append(p.communicate(timeout=timeout)[0])
     finally:
         for p in procs:
             p.kill()
-    for r, (p, text) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"rank {r} failed:\n{text}"
+    return [(p.returncode, text) for p, text in zip(procs, outputs)]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_and_all_gather_equal_the_whole_sequence(world):
+    for r, (code, text) in enumerate(run_ranks(world)):
+        assert code == 0, f"rank {r} failed:\n{text}"
         assert "cases ok" in text
+
+
+def test_a_rank_dying_mid_call_makes_the_others_raise():
+    # Rank 1 exits after its first attention; ranks 0 and 2 must raise sdpa.Error (20 s
+    # timeout per wait) rather than hang: the whole run is bounded at 120 s.
+    results = run_ranks(3, "die", timeout=120)
+    assert results[1][0] == 3, results[1][1]
+    for r in (0, 2):
+        code, text = results[r]
+        assert code == 0 and "peer death reported" in text, f"rank {r}:\n{text}"
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])

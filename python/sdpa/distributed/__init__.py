@@ -46,7 +46,7 @@ def context_parallel_attention(query: Any, key: Any, value: Any, group: Any = No
                                strategy: str = "ring", layout: str = "contiguous",
                                is_causal: bool = False, scale: Optional[float] = None,
                                enable_gqa: bool = False, attn_mask: Any = None,
-                               dropout_p: float = 0.0) -> Any:
+                               dropout_p: float = 0.0, timeout: Optional[float] = None) -> Any:
     """Attention of this rank's queries to the keys/values of every rank of `group`
     (default: the world), as one scaled_dot_product_attention over the whole sequence.
 
@@ -58,7 +58,9 @@ def context_parallel_attention(query: Any, key: Any, value: Any, group: Any = No
     j <= i) or ``attn_mask`` a LocalAttentionBias (sliding window), a BlockDiagonalBias
     whose documents cover the whole sequence (optionally causal), or a composition of the
     two (pieces.py); every rank passes the same one. GQA sends only the kv heads. Every rank of the group must call it with the
-    same options. Returns this rank's out [B, Hq, L_r, Ev] in the query's dtype; autograd
+    same options. ``timeout`` (seconds) bounds each wait for a peer (default: the
+    group's own timeout); a peer that dies or stalls makes the call raise sdpa.Error
+    naming the exchange. Returns this rank's out [B, Hq, L_r, Ev] in the query's dtype; autograd
     flows to query, key and value (the ring backward passes dK / dV around the ring).
 
     Raises sdpa.Error for arguments it cannot serve: another attn_mask (tensors, ALiBi),
@@ -93,6 +95,6 @@ def context_parallel_attention(query: Any, key: Any, value: Any, group: Any = No
                        "ring backward takes the global logsumexp, which FLASH's float64 "
                        "backward does not)")
     ring = _Ring(group, layout, query.shape[-2], key.shape[-2], attn_mask, bool(is_causal),
-                 scale, bool(enable_gqa), strategy)
+                 scale, bool(enable_gqa), strategy, timeout)
     return _ContextParallelAttention.apply(query.contiguous(), key.contiguous(),
                                            value.contiguous(), ring)

@@ -15,6 +15,7 @@ parallelism); its backward sums dK / dV over the ranks.
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
@@ -49,13 +50,16 @@ class _Ring:
     """One call's group, segments and options (shared by forward and backward)."""
 
     def __init__(self, group: Any, layout: str, q_len: int, kv_len: int, mask: Any,
-                 is_causal: bool, scale: Optional[float], enable_gqa: bool, strategy: str):
+                 is_causal: bool, scale: Optional[float], enable_gqa: bool, strategy: str,
+                 timeout: Optional[float]):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
+        self.timeout = None if timeout is None else timedelta(seconds=timeout)
         lengths = torch.tensor([q_len, kv_len], dtype=torch.int64)
         gathered = [torch.empty_like(lengths) for _ in range(self.world)]
-        dist.all_gather(gathered, lengths, group=group)
+        self.wait([(dist.all_gather(gathered, lengths, group=group, async_op=True), None)],
+                  "the exchange of slice lengths")
         self.q_lengths = [int(g[0]) for g in gathered]
         self.kv_lengths = [int(g[1]) for g in gathered]
         if self.q_lengths != self.kv_lengths:
@@ -68,6 +72,20 @@ class _Ring:
         self.scale = scale
         self.enable_gqa = enable_gqa
         self.strategy = strategy
+
+    def wait(self, works, what: str) -> None:
+        """Waits for `works` (at most the call's timeout each); a failed or late peer
+        becomes an sdpa.Error saying what was being exchanged, instead of a hang or a bare
+        transport error."""
+        for w, _ in works:
+            try:
+                if self.timeout is None:
+                    w.wait()
+                else:
+                    w.wait(timeout=self.timeout)
+            except RuntimeError as e:
+                raise _C.Error(f"context_parallel_attention: rank {self.rank} of {self.world}: "
+                               f"{what} failed (a peer died, left or is too slow): {e}") from e
 
     def peer(self, offset: int) -> int:
         group_rank = (self.rank + offset) % self.world
@@ -136,8 +154,8 @@ class _Ring:
             if step + 1 < self.world:  # the next slice travels while this one is used
                 works, received = self.exchange((k, v), self.kv_lengths[self.owner(step + 1)])
             self.attend(q, k, v, self.owner(step), out, lse)
-            for w, _ in works:
-                w.wait()
+            self.wait(works, f"ring step {step} of the forward (the K/V slice of rank "
+                             f"{self.owner(step + 1)})")
             if received is not None:
                 k, v = received
         return out.to(q.dtype), lse
@@ -153,8 +171,8 @@ class _Ring:
             last = step + 1 == self.world
             travelling = (dk, dv) if last else (k, v, dk, dv)
             works, received = self.exchange(travelling, self.kv_lengths[self.owner(step + 1)])
-            for w, _ in works:
-                w.wait()
+            self.wait(works, f"ring step {step} of the backward (the K/V slice and gradients of rank "
+                             f"{self.owner(step + 1)})")
             if last:
                 dk, dv = received
             else:
@@ -168,7 +186,8 @@ class _Ring:
         padded = torch.zeros(*both.shape[:-2], longest, both.shape[-1], dtype=both.dtype)
         padded[..., :both.shape[-2], :] = both
         gathered = [torch.empty_like(padded) for _ in range(self.world)]
-        dist.all_gather(gathered, padded.contiguous(), group=self.group)
+        work = dist.all_gather(gathered, padded.contiguous(), group=self.group, async_op=True)
+        self.wait([(work, None)], "the all_gather of K/V")
         e = k.shape[-1]
         return [(g[..., :n, :e], g[..., :n, e:]) for g, n in zip(gathered, self.kv_lengths)]
 
@@ -244,7 +263,8 @@ def _all_gather_backward(ring: _Ring, dout, q, k, v):
         dvalues[..., k0:k1, :] += g.grad_v.to(acc)
     # Every rank's contributions to every position, summed; each keeps its own rows.
     both = torch.cat([dkeys, dvalues], dim=-1)
-    dist.all_reduce(both, group=ring.group)
+    ring.wait([(dist.all_reduce(both, group=ring.group, async_op=True), None)],
+              "the all_reduce of dK/dV")
     e = k.shape[-1]
     dk = torch.empty(k.shape, dtype=acc)
     dv = torch.empty(v.shape, dtype=acc)
