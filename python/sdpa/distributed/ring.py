@@ -171,8 +171,8 @@ class _Ring:
             last = step + 1 == self.world
             travelling = (dk, dv) if last else (k, v, dk, dv)
             works, received = self.exchange(travelling, self.kv_lengths[self.owner(step + 1)])
-            self.wait(works, f"ring step {step} of the backward (the K/V slice and gradients of rank "
-                             f"{self.owner(step + 1)})")
+            self.wait(works, f"ring step {step} of the backward (the K/V slice and gradients "
+                             f"of rank {self.owner(step + 1)})")
             if last:
                 dk, dv = received
             else:
