@@ -73,8 +73,8 @@ def single_process(lengths, repeats, threads):
     out = {}
     for i, total in enumerate(lengths):
         q, k, v = inputs(total)
-        out[f"fwd_{total}"] = timed(lambda: sdpa.scaled_dot_product_attention(q, k, v, is_causal=True),
-                                    repeats)
+        out[f"fwd_{total}"] = timed(
+            lambda: sdpa.scaled_dot_product_attention(q, k, v, is_causal=True), repeats)
         if i == 0:
             qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
 
@@ -170,8 +170,7 @@ def main():
         import sdpa
 
         doc = {"benchmark": "context_parallel",
-               "command": "python3 " + " ".join(shlex.quote(a) for a in ["bench/context_parallel.py"]
-                                                 + sys.argv[1:]),
+               "command": "python3 " + shlex.join(["bench/context_parallel.py"] + sys.argv[1:]),
                "host": {"cpu_model": cpu_model(),
                         "cpu_capability": sdpa.backends.cpu.get_cpu_capability(),
                         "threads": args.ranks},

@@ -69,7 +69,9 @@ def run_case(rank, world, name, *, total, heads=(4, 2), dims=(16, 12), dtype=tor
     if docs is not None:
         parts.append(sdpa.attention.bias.BlockDiagonalBias.from_seqlens(docs, causal=is_causal))
         is_causal = False
-    mask = None if not parts else parts[0] if len(parts) == 1 else sdpa.attention.bias.compose(parts)
+    mask = None
+    if parts:
+        mask = parts[0] if len(parts) == 1 else sdpa.attention.bias.compose(parts)
 
     def local(x):
         if uneven is not None:
@@ -86,12 +88,14 @@ def run_case(rank, world, name, *, total, heads=(4, 2), dims=(16, 12), dtype=tor
                             ("grad_k", kl.grad, gold[2]), ("grad_v", vl.grad, gold[3])):
         want = local(want)
         if got.shape != want.shape:
-            raise AssertionError(f"{name}: {what} shape {tuple(got.shape)}, want {tuple(want.shape)}")
+            raise AssertionError(f"{name}: {what} shape {tuple(got.shape)}, "
+                                 f"want {tuple(want.shape)}")
         if want.numel() == 0:
             continue
         err = (got.double() - want).abs().max().item() / max(want.abs().max().item(), 1.0)
         if not err <= tol:
-            raise AssertionError(f"{name}: rank {rank}: {what} relative error {err:.3e} > {tol:.0e}")
+            raise AssertionError(f"{name}: rank {rank}: {what} relative error {err:.3e} "
+                                 f"> {tol:.0e}")
 
 
 def expect_error(fn, needle):
@@ -161,7 +165,8 @@ def main():
     expect_error(lambda: cp.context_parallel_attention(x, x, x, attn_mask=torch.ones(4, 4)),
                  "attn_mask")
     expect_error(lambda: cp.context_parallel_attention(
-        x, x, x, attn_mask=sdpa.attention.bias.LocalAttentionBias(2, 0), is_causal=True), "not both")
+        x, x, x, attn_mask=sdpa.attention.bias.LocalAttentionBias(2, 0), is_causal=True),
+        "not both")
     expect_error(lambda: cp.context_parallel_attention(x.double(), x.double(), x.double()),
                  "all_gather")
     dist.barrier()

@@ -8,10 +8,11 @@ torch.distributed process group (gloo on the CPU).
     out = cp.unshard(all_slices, "zigzag")                     # if the whole is wanted
 
 Masks over global positions (causal, sliding windows, packed documents) become native
-per-piece masks (pieces.py). Strategies (ring.py): ``"ring"`` passes K/V slices around the ranks, overlapping each
-transfer with the attention to the previous slice, and merges partial results by
-logsumexp; ``"all_gather"`` gathers K/V once and runs exact local calls. Layouts
-(layout.py): ``"contiguous"`` slices or the causal load-balancing ``"zigzag"`` split.
+per-piece masks (pieces.py). Strategies (ring.py): ``"ring"`` passes K/V slices around
+the ranks, overlapping each transfer with the attention to the previous slice, and
+merges partial results by logsumexp; ``"all_gather"`` gathers K/V once and runs exact
+local calls. Layouts (layout.py): ``"contiguous"`` slices or the causal load-balancing
+``"zigzag"`` split.
 """
 
 from __future__ import annotations
@@ -50,24 +51,26 @@ def context_parallel_attention(query: Any, key: Any, value: Any, group: Any = No
     """Attention of this rank's queries to the keys/values of every rank of `group`
     (default: the world), as one scaled_dot_product_attention over the whole sequence.
 
-    query [B, Hq, L_r, E], key [B, Hkv, L_r, E], value [B, Hkv, L_r, Ev]: this rank's slice
-    of the sequence (the same positions for q, k and v; slices may differ in length and
-    be empty), CPU torch tensors, float32 / float16 / bfloat16 (float64 with
+    query [B, Hq, L_r, E], key [B, Hkv, L_r, E], value [B, Hkv, L_r, Ev]: this rank's
+    slice of the sequence (the same positions for q, k and v; slices may differ in
+    length and be empty), CPU torch tensors, float32 / float16 / bfloat16 (float64 with
     ``strategy="all_gather"``). ``layout`` says which global positions each rank holds
-    (layout.py). Masks are over global positions: ``is_causal`` (query i sees keys
-    j <= i) or ``attn_mask`` a LocalAttentionBias (sliding window), a BlockDiagonalBias
-    whose documents cover the whole sequence (optionally causal), or a composition of the
-    two (pieces.py); every rank passes the same one. GQA sends only the kv heads. Every rank of the group must call it with the
-    same options. ``timeout`` (seconds) bounds each wait for a peer (default: the
-    group's own timeout); a peer that dies or stalls makes the call raise sdpa.Error
-    naming the exchange. Returns this rank's out [B, Hq, L_r, Ev] in the query's dtype; autograd
-    flows to query, key and value (the ring backward passes dK / dV around the ring).
+    (layout.py). Masks are over global positions: ``is_causal`` (query i sees keys j <=
+    i) or ``attn_mask`` a LocalAttentionBias (sliding window), a BlockDiagonalBias whose
+    documents cover the whole sequence (optionally causal), or a composition of the two
+    (pieces.py); every rank passes the same one. GQA sends only the kv heads. Every rank
+    of the group must call it with the same options. ``timeout`` (seconds) bounds each
+    wait for a peer (default: the group's own timeout); a peer that dies or stalls makes
+    the call raise sdpa.Error naming the exchange. Returns this rank's out [B, Hq, L_r,
+    Ev] in the query's dtype; autograd flows to query, key and value (the ring backward
+    passes dK / dV around the ring).
 
     Raises sdpa.Error for arguments it cannot serve: another attn_mask (tensors, ALiBi),
-    dropout (not yet supported across ranks), CUDA tensors (the ring backward needs FLASH_ATTENTION, which
-    sdpa runs on the CPU only), float64 with the ring strategy (FLASH's float64 backward
-    recomputes row statistics instead of taking the global logsumexp); ValueError for an
-    unknown strategy or layout, or slices that do not match the layout.
+    dropout (not yet supported across ranks), CUDA tensors (the ring backward needs
+    FLASH_ATTENTION, which sdpa runs on the CPU only), float64 with the ring strategy
+    (FLASH's float64 backward recomputes row statistics instead of taking the global
+    logsumexp); ValueError for an unknown strategy or layout, or slices that do not
+    match the layout.
     """
     import torch
     import torch.distributed as dist
