@@ -96,6 +96,7 @@ def run_case(rank, world, name, *, total, heads=(4, 2), dims=(16, 12), dtype=tor
         if not err <= tol:
             raise AssertionError(f"{name}: rank {rank}: {what} relative error {err:.3e} "
                                  f"> {tol:.0e}")
+    return out.detach(), ql.grad, kl.grad, vl.grad
 
 
 def expect_error(fn, needle):
@@ -160,6 +161,12 @@ def main():
     ]
     for case in cases:
         run_case(rank, world, **case)
+    # Run to run, a fixed rank count gives the same bits (fixed merge and sum order).
+    runs = [run_case(rank, world, name="determinism", total=12 * world + 5, is_causal=True,
+                     layout="zigzag") for _ in range(2)]
+    for a, b in zip(*runs):
+        if not torch.equal(a, b):
+            raise AssertionError(f"rank {rank}: two identical ring calls differ")
     x = torch.randn(1, 2, 4, 8)
     expect_error(lambda: cp.context_parallel_attention(x, x, x, dropout_p=0.1), "dropout_p")
     expect_error(lambda: cp.context_parallel_attention(x, x, x, attn_mask=torch.ones(4, 4)),
