@@ -5,10 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # clang, libomp-dev and libclang-rt-14-dev (libFuzzer, the sanitizer runtimes, Archer): the
 # sanitize and tsan presets of scripts/sanitize.sh and scripts/tsan.sh; python3-dev: the
-# Python module's headers, and libpython for tsan.sh's interpreter.
+# Python module's headers, and libpython for tsan.sh's interpreter; libopenmpi-dev and
+# openmpi-bin: sdpa_mpi (context parallelism over MPI) and its mpirun tests.
 packages=(cmake ninja-build g++ libhwy-dev libdlpack-dev libcli11-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev python3 python3-venv python3-dev clang libomp-dev
-          libclang-rt-14-dev)
+          libclang-rt-14-dev libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
