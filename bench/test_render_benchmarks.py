@@ -27,11 +27,13 @@ class RenderBenchmarks(unittest.TestCase):
                         "build/release/bench/sdpa_decode_bandwidth 1 --json x.json",
                         "build/release/bench/sdpa_paged_decode 1 16 --json x.json",
                         "build/release/bench/sdpa_chunked_prefill 1 16 --json x.json",
-                        "python3 bench/compare_torch.py --quick --json x.json"):
+                        "python3 bench/compare_torch.py --quick --json x.json",
+                        "python3 bench/context_parallel.py --seq-lens 64 --json x.json"):
             self.assertIn(f"```sh\n{command}\n```", page)
         self.assertIn("| fp32 FMA (AVX-512) | 100.0 GFLOP/s |", page)
         self.assertIn("| FLASH_ATTENTION | 1.000 | 2.0 | 1.0 MiB | 4.0x |", page)
         self.assertIn("| causal / plain (L=4096) | is_causal | 0.500 | ≤ 0.6 | ✓ |", page)
+        self.assertIn("| forward | 64 | 1.000 | 1.100 | 1.100 | ✓ | 1.0 | 1.0 |", page)
         self.assertIn("| 4096 | huge pages | 1.000 | 8.0 | 10.0 | 0.80 | ✓ |", page)
         self.assertIn("| 16 | 110.00 | 100.00 | 1.100 | ✓ | 8.0 | 10.0 | 0.80 | ✓ |", page)
         self.assertIn("| 16 | 120.00 | 100.00 | 250.0 | 300.0 | 1.200 | ✗ |", page)
