@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
