@@ -15,8 +15,27 @@
 #include "cpu/pack_bf16.h"
 #include "cpu/kv_rows.h"
 #include "cpu/rows.h"
+#include "hwy/cache_control.h"
 
 namespace sdpa::cpu {
+
+/// Rows a packing loop requests ahead of the one it reads. The hardware prefetcher, which
+/// starts anew on each tile's 16 KB, left packing a key tile (read once by sparse masks)
+/// at 5 GB/s where one core streams 30 GB/s.
+inline constexpr int64_t kPrefetchRows = 16;
+
+/// Asks for row r's cache lines. On x86 an asm statement: GCC 12 deleted this loop of
+/// hwy::Prefetch (__builtin_prefetch) calls as one without side effects.
+inline void prefetch_row(const RowView& rows, int64_t r) {
+  const char* data = static_cast<const char*>(rows.row_data(r));
+  for (int64_t byte = 0; byte < rows.cols() * rows.element_bytes(); byte += 64) {
+#if defined(__x86_64__) || defined(__i386__)
+    asm volatile("prefetcht0 %0" : : "m"(data[byte]));
+#else
+    hwy::Prefetch(data + byte);
+#endif
+  }
+}
 
 /// dst(c, e) = rows[first + c][e] * multiplier for c < count, e < dim = rows.cols();
 /// columns [dim, dst.ld) are zeroed so padded GEMM lanes read zeros.
@@ -24,6 +43,7 @@ inline void pack_rows(const RowView& rows, int64_t first, int64_t count, Matrix<
                       float multiplier = 1.0f) {
   for (int64_t c = 0; c < count; ++c) {
     float* row = dst.data + c * dst.ld;
+    if (c + kPrefetchRows < count) prefetch_row(rows, first + c + kPrefetchRows);
     rows.load(first + c, row, multiplier);
     std::fill(row + rows.cols(), row + dst.ld, 0.0f);
   }
@@ -39,6 +59,9 @@ __attribute__((target("avx512f"))) inline void PackTransposedF32Avx512(const Row
                                                                        float* dst) {
   const int64_t dim = rows.cols();
   for (int64_t c0 = 0; c0 < count; c0 += 16) {
+    for (int64_t i = c0 + 16; i < std::min(count, c0 + 16 + kPrefetchRows); ++i) {
+      prefetch_row(rows, first + i);
+    }
     for (int64_t e0 = 0; e0 < dim; e0 += 16) {
       const __mmask16 lanes =
           static_cast<__mmask16>(dim - e0 >= 16 ? 0xFFFF : (1u << (dim - e0)) - 1);
