@@ -111,7 +111,7 @@ bool use_head_pass(const AttentionParams& p, int threads, bool bf16, bool captur
 }
 
 void head_pass(const BackwardCall& call, int threads, bool bf16,
-               const FlashBackwardKernels& kernels) {
+               const FlashBackwardKernels& kernels, flex::PartialBlockBits& partial_bits) {
   const AttentionParams& p = call.p;
   detail::ParallelErrors errors;
   detail::run_region(threads, [&] {
@@ -120,6 +120,7 @@ void head_pass(const BackwardCall& call, int threads, bool bf16,
     Tensor dq_acc;
     errors.guard([&] {
       scratch.emplace(p, call.flex_grad, bf16);
+      scratch->flex.partial_bits = &partial_bits;
       group.emplace(p, bf16);
       dq_acc = Tensor::empty({p.group_size() * p.q_len * group->e_pad()}, DType::kFloat32);
     });
@@ -174,8 +175,9 @@ void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
   const BackwardCall call{p, delta.data<float>(), fg, out, static_cast<float>(p.scale)};
   const detail::Work work = backward_work(p);
   const int head_threads = context.threads_for(p.batch * p.num_heads_kv, work);
+  flex::PartialBlockBits partial_bits(p.mask.block_mask.get());
   if (use_head_pass(p, head_threads, bf16, fg && fg->captured->active())) {
-    return head_pass(call, head_threads, bf16, kernels);
+    return head_pass(call, head_threads, bf16, kernels, partial_bits);
   }
   PackedBackwardGroup group(p, bf16);
   detail::ParallelErrors errors;
@@ -186,7 +188,10 @@ void flash_backward(const AttentionParams& p, detail::BackwardOutputs& out) {
   const int threads = context.threads_for(std::max(kv_blocks, chunks), work);
   detail::run_region(threads, [&] {
     std::optional<FlashBackwardScratch> scratch;
-    errors.guard([&] { scratch.emplace(p, fg, bf16); });
+    errors.guard([&] {
+      scratch.emplace(p, fg, bf16);
+      scratch->flex.partial_bits = &partial_bits;
+    });
     for (int64_t bhk = 0; bhk < p.batch * p.num_heads_kv; ++bhk) {
       const int64_t b = bhk / p.num_heads_kv, hk = bhk % p.num_heads_kv;
 #pragma omp for schedule(static)

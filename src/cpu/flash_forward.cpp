@@ -85,6 +85,7 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   if (p.batch * p.num_heads_q * q_blocks == 0) return;
   const bool bf16_dot = uses_bf16_dot(p);
   PackedKv kv(p, bf16_dot);
+  flex::PartialBlockBits partial_bits(p.mask.block_mask.get());
   const ForwardCall call{p, kv, out, lse.data<float>(), static_cast<float>(p.scale)};
   const int64_t generations = p.batch * p.num_heads_kv;
   // Items done per (batch, kv head): a thread starts a (b, kv head) only once the one
@@ -100,7 +101,10 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   // of a later one and the wait for the slot always ends (on one thread, trivially).
   detail::run_region(threads, [&] {
     std::optional<FlashScratch> scratch;
-    errors.guard([&] { scratch.emplace(p, bf16_dot); });
+    errors.guard([&] {
+      scratch.emplace(p, bf16_dot);
+      scratch->flex.partial_bits = &partial_bits;
+    });
 #pragma omp for schedule(monotonic : dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t bhk = item / group_items, in_group = item % group_items;

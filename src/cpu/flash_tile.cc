@@ -101,6 +101,10 @@ HWY_INLINE bool TileKeys(const HeadMasking& m, const FlashScratch& ws, const Key
   std::fill(set.blocks_applied, set.blocks_applied + tile.rows, false);
   if (!ws.flex.blocks.active()) return true;
   bool any_key = false;
+  if (FlexTileSupport(m, {tile.q_begin, tile.rows, set.keys, tile.j0, tile.cols}, set.keys,
+                      set.blocks_applied, any_key)) {
+    return any_key;
+  }
   for (int64_t r = 0; r < tile.rows; ++r) {
     KeyTileRow row{tile.q_begin + r, set.keys[r], tile.j0, tile.cols};
     set.blocks_applied[r] = FlexRowSupport(m, row);

@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 
 #include "cpu/flash_tile.h"
@@ -19,6 +20,7 @@
 #include "cpu/pack.h"
 #include "cpu/rows.h"
 #include "flex/eval_row-inl.h"
+#include "flex/partial_bits-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -130,7 +132,7 @@ HWY_INLINE void MaskScoreRow(const HeadMasking& m, const KeyTileRow& row, float*
       if (st == flex::BlockState::kEmpty) {
         std::fill(s + j, s + end, kNegInf);
       } else if (st == flex::BlockState::kPartial && flex_state->mask_mod) {
-        flex::HWY_NAMESPACE::ApplyMaskMod(*flex_state->mask_mod, site, s, j, end);
+        flex::HWY_NAMESPACE::PartialMaskRow(*flex_state, site, kb, s, j, end);
       }
       j = end;
     }
@@ -175,7 +177,7 @@ HWY_INLINE bool FlexRowSupport(const HeadMasking& m, KeyTileRow& row) {
     if (st == flex::BlockState::kEmpty) {
       kept = {};
     } else if (st == flex::BlockState::kPartial && flex_state.mask_mod) {
-      kept = flex::HWY_NAMESPACE::CountKeptLanes(*flex_state.mask_mod, site, j, end);
+      kept = flex::HWY_NAMESPACE::PartialKeptLanes(flex_state, site, kb, j, end);
     }
     if (kept.count > 0) {
       first = std::min(first, kept.first);
@@ -186,6 +188,49 @@ HWY_INLINE bool FlexRowSupport(const HeadMasking& m, KeyTileRow& row) {
   }
   row.keep = count > 0 ? ColumnRange{j0 + first, j0 + last + 1} : ColumnRange{j0, j0};
   return count == 0 || count == last - first + 1;
+}
+
+/// FlexRowSupport for every row of `tile` (keys[r]: row r's keep, narrowed in place;
+/// applied[r]: FlexRowSupport's result) where all of them lie in one BlockMask block (rows
+/// in one q block, keys in one kv block): one block lookup instead of one per row, and a
+/// partial block's rows read as words of the call's shared bits. Returns false, changing
+/// nothing, where that does not hold or the bits cannot be read; else sets `any_key`.
+HWY_INLINE bool FlexTileSupport(const HeadMasking& m, const KeyTileRows& tile, ColumnRange* keys,
+                                bool* applied, bool& any_key) {
+  static_assert(kBlockKv <= flex::PartialBlockBits::kWordKeys, "a key tile row is one word");
+  flex::RowState& st = *m.flex;
+  const int64_t q_block = st.blocks.q_block_size(), kv_block = st.blocks.kv_block_size();
+  const int64_t qb = tile.q_begin / q_block, kb = tile.j0 / kv_block;
+  if ((tile.q_begin + tile.rows - 1) / q_block != qb || (tile.j0 + tile.cols - 1) / kv_block != kb) {
+    return false;
+  }
+  const flex::BlockState state = st.blocks.state(m.b, m.h, tile.q_begin, kb);
+  const uint64_t* words = nullptr;
+  int64_t stride = 0;
+  if (state == flex::BlockState::kPartial && st.mask_mod) {
+    const flex::HWY_NAMESPACE::EvalSite site{m.b, m.h, tile.q_begin, 1, tile.j0};
+    words = flex::HWY_NAMESPACE::SharedPartialWord(st, site, kb, tile.cols);
+    if (words == nullptr) return false;
+    stride = st.partial_bits->words_per_row();
+  }
+  any_key = false;
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    const auto [lo, hi] = tile.row(r).lanes();
+    uint64_t kept = 0;
+    if (state != flex::BlockState::kEmpty && hi > lo) {
+      kept = flex::HWY_NAMESPACE::LaneRange(words ? words[r * stride] : ~uint64_t{0}, lo, hi);
+    }
+    if (kept == 0) {
+      keys[r] = {tile.j0, tile.j0};
+      applied[r] = true;
+      continue;
+    }
+    const int64_t first = std::countr_zero(kept), last = 63 - std::countl_zero(kept);
+    keys[r] = {tile.j0 + first, tile.j0 + last + 1};
+    applied[r] = std::popcount(kept) == last - first + 1;
+    any_key = true;
+  }
+  return true;
 }
 
 /// Whether rows with key ranges `ranges[0, rows)` need MaskScoreRow on key tile

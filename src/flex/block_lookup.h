@@ -17,6 +17,7 @@ class BlockMaskLookup {
   explicit BlockMaskLookup(const BlockMask* mask) : mask_(mask) {}
 
   bool active() const { return mask_ != nullptr; }
+  int64_t q_block_size() const { return mask_->q_block_size; }
   int64_t kv_block_size() const { return mask_->kv_block_size; }
 
   /// State of kv block `kb` for query row i of (b, h); b and h broadcast when the mask has
@@ -25,6 +26,11 @@ class BlockMaskLookup {
     load_row(b, h, i / mask_->q_block_size);
     return row_[kb];
   }
+
+  /// After state() returned kPartial for kv block kb: the row of the mask's [B, H,
+  /// num_q_blocks] lists it read, and kb's position in that row's kv_indices.
+  int64_t key_row() const { return cached_; }
+  int64_t partial_position(int64_t kb) const { return position_[kb]; }
 
   /// Key columns [begin, end) spanned by the non-empty blocks of rows [r0, r1) of (b, h).
   /// Reads only the listed blocks (kv_indices, full_kv_indices), not every kv block.
@@ -61,10 +67,12 @@ class BlockMaskLookup {
     if (key == cached_) return;
     cached_ = key;
     row_.assign(static_cast<size_t>(nkv), BlockState::kEmpty);
+    position_.resize(static_cast<size_t>(nkv));
     const int32_t* part = mask_->kv_indices.data<int32_t>() + key * nkv;
     const int32_t* full = mask_->full_kv_indices.data<int32_t>() + key * nkv;
     for (int32_t k = 0; k < mask_->kv_num_blocks.data<int32_t>()[key]; ++k) {
       row_[part[k]] = BlockState::kPartial;
+      position_[part[k]] = k;
     }
     for (int32_t k = 0; k < mask_->full_kv_num_blocks.data<int32_t>()[key]; ++k) {
       row_[full[k]] = BlockState::kFull;
@@ -74,6 +82,7 @@ class BlockMaskLookup {
   const BlockMask* mask_;
   int64_t cached_ = -1;
   std::vector<BlockState> row_;
+  std::vector<int32_t> position_;  // of partial blocks in the row's kv_indices
 };
 
 }  // namespace sdpa::flex

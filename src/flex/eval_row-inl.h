@@ -324,6 +324,25 @@ struct KeptLanes {
   int64_t first = 0, last = -1, count = 0;
 };
 
+/// The lanes of [lo, hi) (at most 64) where mask_mod (a program that does not read score)
+/// keeps chunk row `row` (after PrepareChunk): bit j - lo for lane j.
+HWY_INLINE uint64_t KeptLaneBits(RowBuffers& buf, int64_t row, int64_t lo, int64_t hi) {
+  const uint64_t all = hi - lo >= 64 ? ~uint64_t{0} : (uint64_t{1} << (hi - lo)) - 1;
+  const View<int64_t> keep = ViewOf<int64_t>(
+      buf, buf.program->result, Pass{Shape::kScore, 1, lo, hi, buf.lanes, row, nullptr});
+  if (!keep.lanes) return *keep.base != 0 ? all : 0;
+  // Lanes past hi are read from the padded buffers and cleared.
+  const hn::ScalableTag<int64_t> d;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+  uint64_t bits = 0;
+  for (int64_t j = lo; j < hi; j += n) {
+    uint8_t mask_bytes[8] = {};
+    hn::StoreMaskBits(d, hn::Ne(hn::LoadU(d, keep.base + j), hn::Zero(d)), mask_bytes);
+    bits |= static_cast<uint64_t>(mask_bytes[0]) << (j - lo);  // n <= 8 lanes of int64
+  }
+  return bits & all;
+}
+
 /// Kept lanes of mask_mod (a program that does not read score) for the site's query over
 /// lanes [lo, hi) of its key tile. Throws, as ApplyMaskMod, for a failed element of
 /// [lo, hi).
@@ -332,22 +351,11 @@ HWY_INLINE KeptLanes CountKeptLanes(RowBuffers& buf, const EvalSite& site, int64
   SDPA_CHECK(buf.score_code.empty(), "flex: internal error: a mask_mod reads score");
   const int64_t row = PrepareChunk(buf, site.b, site.h, site.q_first, site.kv0);
   if (RowHasBad(buf, row, lo, hi)) ReportBadRow(buf, nullptr, row, lo, hi);
-  const View<int64_t> keep = ViewOf<int64_t>(
-      buf, buf.program->result, Pass{Shape::kScore, 1, lo, hi, buf.lanes, row, nullptr});
-  if (!keep.lanes) return *keep.base != 0 ? KeptLanes{lo, hi - 1, hi - lo} : KeptLanes{};
-  // 64 lanes at a time as a bit set (lanes past hi are read from the padded buffers and
-  // cleared), so first / last / count are bit scans rather than a loop over lanes.
-  const hn::ScalableTag<int64_t> d;
-  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+  // 64 lanes at a time as a bit set, so first / last / count are bit scans rather than a
+  // loop over lanes.
   KeptLanes kept{hi, -1, 0};
   for (int64_t w = lo; w < hi; w += 64) {
-    uint64_t bits = 0;
-    for (int64_t j = w; j < std::min(hi, w + 64); j += n) {
-      uint8_t mask_bytes[8] = {};
-      hn::StoreMaskBits(d, hn::Ne(hn::LoadU(d, keep.base + j), hn::Zero(d)), mask_bytes);
-      bits |= static_cast<uint64_t>(mask_bytes[0]) << (j - w);  // n <= 8 lanes of int64
-    }
-    if (hi - w < 64) bits &= (uint64_t{1} << (hi - w)) - 1;
+    const uint64_t bits = KeptLaneBits(buf, row, w, std::min(hi, w + 64));
     if (bits == 0) continue;
     kept.first = std::min(kept.first, w + std::countr_zero(bits));
     kept.last = w + 63 - std::countl_zero(bits);

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "flex/block_lookup.h"
+#include "flex/partial_bits.h"
 #include "flex/row_buffers.h"
 #include "sdpa/flex.h"
 #include "sdpa/params.h"
@@ -26,6 +27,9 @@ struct RowState {
   std::optional<RowBuffers> score_mod;
   std::optional<RowBuffers> mask_mod;
   BlockMaskLookup blocks;
+  /// The call's shared bits of partial blocks (partial_bits-inl.h), when the kernel made
+  /// them; null: mask_mod is evaluated at every visit.
+  PartialBlockBits* partial_bits = nullptr;
 };
 
 }  // namespace sdpa::flex
