@@ -154,7 +154,10 @@ def render_mask_ratios(doc: dict) -> list[str]:
         "A ratio divides the variant's time by the plain (unmasked) call's time at the same "
         "L; for sparse masks it divides by the kept fraction of (query, key) pairs times "
         "the plain time (for flex BlockMasks: the fraction of blocks computed), so 1.0 "
-        "means the mask costs exactly its share of dense work.") + para(
+        "means the mask costs exactly its share of dense work. Sparse masks read each key "
+        "tile from memory for only a few q-blocks, so on a shared host their ratios move "
+        "with the neighbours' memory traffic more than the compute-bound plain call does: "
+        "runs of one build have differed by up to 0.3.") + para(
         f"Plain call: {fmt_ms(r['plain_ms_4096'])} ms at L=S=4096, "
         f"{fmt_ms(r['plain_ms_8192'])} ms at L=S=8192. Kept fraction: window "
         f"{r['kept_fraction_window']:.4f}, documents {r['kept_fraction_documents']:.4f}; "
