@@ -73,10 +73,16 @@ struct MaskDescriptor {
   }
 };
 
-/// Dropout of the attention probabilities (inverted scaling by 1 / (1 - p)).
+/// Dropout of the attention probabilities (inverted scaling by 1 / (1 - p)). Score
+/// (b, h, i, j) draws as score (b, h, q_offset + i, kv_offset + j) of [B, Hq, q_total,
+/// kv_total] (DropoutPosition, sdpa.h); totals of 0 mean the call's own L and S.
 struct DropoutParams {
   double p = 0.0;
   PhiloxState philox;
+  int64_t q_offset = 0, kv_offset = 0, q_total = 0, kv_total = 0;
+
+  /// Whether the call draws at a position of a larger call (not its own [0, L) x [0, S)).
+  bool positioned() const { return q_offset != 0 || kv_offset != 0 || q_total != 0 || kv_total != 0; }
 };
 
 class AttnBias;

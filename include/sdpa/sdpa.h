@@ -15,6 +15,18 @@
 
 namespace sdpa {
 
+/// Where one call's scores lie in a larger attention whose dropout mask it must draw:
+/// context parallelism splits a call of [B, Hq, q_len, kv_len] scores into blocks of
+/// queries x keys on several processes, and each block drops exactly the weights the
+/// whole call would. Score (b, h, i, j) of the call draws as (b, h, q_offset + i,
+/// kv_offset + j) of [B, Hq, q_len, kv_len]; the call's L and S must fit inside.
+struct DropoutPosition {
+  int64_t q_offset = 0;
+  int64_t kv_offset = 0;
+  int64_t q_len = 0;   ///< The whole call's L (>= q_offset + this call's L).
+  int64_t kv_len = 0;  ///< The whole call's S (>= kv_offset + this call's S).
+};
+
 /// Options of one call; the names and defaults are
 /// torch.nn.functional.scaled_dot_product_attention's.
 struct SDPAOptions {
@@ -34,6 +46,9 @@ struct SDPAOptions {
   /// Dropout state to replay instead of drawing from `generator`: a backward call passes
   /// the forward's AttentionResult::philox so both see the same mask.
   std::optional<PhiloxState> dropout_state;
+  /// Dropout drawn as part of a larger call (context parallelism); absent: the call is
+  /// whole. The backward must pass the forward's. CPU backends only.
+  std::optional<DropoutPosition> dropout_position;
   /// Backward only: the float attn_mask needs a gradient (grad_attn_mask is returned).
   bool attn_mask_requires_grad = false;
   /// MATH computes a float16 / bfloat16 forward in its own dtype for this call, as with

@@ -32,11 +32,17 @@ struct ScoreIndex {
 
 /// Applies the call's dropout to P's scores `first` .. `first` + n - 1 along the keys,
 /// held at row[0, n): each element is zeroed or scaled by 1 / (1 - dropout_p), as drawn by
-/// its index in [B, Hq, L, S] (philox.h), so that every kernel draws the same mask.
+/// its index in [B, Hq, L, S] (philox.h), so that every kernel draws the same mask; with a
+/// DropoutPosition, its index in the larger call's scores.
 template <typename T>
 inline void apply_dropout(const AttentionParams& p, const ScoreIndex& first, T* row, int64_t n) {
-  const int64_t element = query_row_index(p, first.b, first.h, first.i) * p.kv_len + first.j;
-  DropoutStream(p.dropout.philox, p.dropout.p).apply(static_cast<uint64_t>(element), row, n);
+  const DropoutParams& d = p.dropout;
+  const int64_t rows = d.q_total != 0 ? d.q_total : p.q_len;
+  const int64_t cols = d.kv_total != 0 ? d.kv_total : p.kv_len;
+  const int64_t element =
+      ((first.b * p.num_heads_q + first.h) * rows + d.q_offset + first.i) * cols + d.kv_offset +
+      first.j;
+  DropoutStream(d.philox, d.p).apply(static_cast<uint64_t>(element), row, n);
 }
 
 /// A tile coordinate: query rows [q_begin, q_begin + rows) of (batch b, query head h).

@@ -25,6 +25,10 @@ bool math_supports(const AttentionParams& p, Reasons& r) {
           "mask parts must come materialized");
     ok = false;
   }
+  if (p.dropout.positioned()) {
+    r.add("dropout_position: MATH on CUDA draws dropout for whole calls only in this build");
+    ok = false;
+  }
   if (p.mask.score_mod || p.mask.block_mask) {
     r.add("flex: score_mod and BlockMask programs run on the CPU only in this build");
     ok = false;

@@ -175,6 +175,10 @@ bool lower(const AttentionParams& p, GraphSpec& s, Reasons& r) {
   }
   s.scale_bits = float_bits(p.scale);
   s.dropout_bits = p.has_dropout() ? float_bits(p.dropout.p) : 0;
+  if (p.dropout.positioned()) {
+    r.add("dropout_position: cuDNN draws its own dropout mask, not sdpa's at a position");
+    ok = false;
+  }
   return lower_mask(p, s, r) && ok;
 }
 

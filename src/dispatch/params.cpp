@@ -155,6 +155,25 @@ AttentionParams make_params(const Tensor& q_in, const Tensor& k_in, const Tensor
   }
   if (opt.is_causal) p.mask.bands.push_back(DiagonalBand{DiagonalAlignment::kTopLeft, std::nullopt, 0});
 
+  if (opt.dropout_position) {
+    const DropoutPosition& at = *opt.dropout_position;
+    SDPA_CHECK(at.q_offset >= 0 && at.kv_offset >= 0,
+               "dropout_position: expected non-negative offsets, got q_offset = ", at.q_offset,
+               ", kv_offset = ", at.kv_offset);
+    SDPA_CHECK(at.q_offset <= at.q_len && p.q_len <= at.q_len - at.q_offset &&
+                   at.kv_offset <= at.kv_len && p.kv_len <= at.kv_len - at.kv_offset,
+               "dropout_position: expected the call's L = ", p.q_len, " and S = ", p.kv_len,
+               " to fit in q_len = ", at.q_len, " from q_offset = ", at.q_offset,
+               " and kv_len = ", at.kv_len, " from kv_offset = ", at.kv_offset);
+    SDPA_CHECK(fits({p.batch, p.num_heads_q, at.q_len, at.kv_len}),
+               "dropout_position: the whole call's score count B * Hq * q_len * kv_len = ",
+               p.batch, " * ", p.num_heads_q, " * ", at.q_len, " * ", at.kv_len,
+               " overflows int64");
+    p.dropout.q_offset = at.q_offset;
+    p.dropout.kv_offset = at.kv_offset;
+    p.dropout.q_total = at.q_len;
+    p.dropout.kv_total = at.kv_len;
+  }
   if (opt.dropout_p > 0.0) {
     p.dropout.p = opt.dropout_p;
     if (opt.dropout_state) {
