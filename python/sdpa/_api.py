@@ -108,15 +108,24 @@ def scaled_dot_product_attention_with_lse(
         query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
         is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False, *,
         generator: Optional["_C.Generator"] = None,
-        dropout_state: Optional[tuple] = None, stream: Any = None) -> AttentionOutput:
+        dropout_state: Optional[tuple] = None, stream: Any = None,
+        dropout_position: Optional[tuple] = None) -> AttentionOutput:
     """As scaled_dot_product_attention, also returning the logsumexp, the backend that
     ran and the dropout state. ``dropout_state=(seed, offset)`` replays a previous call's
     dropout mask instead of drawing from the generator. torch tensors go through the
     custom op (gradients flow to ``out``; ``lse`` is not differentiable). ``stream``: as
     scaled_dot_product_attention's. Traced jax arrays: backend None (chosen when the
     computation runs), dropout_state (0, 0), and ``lse`` must not be differentiated (wrap
-    it in jax.lax.stop_gradient)."""
-    if _convert.is_torch_tensor(query):
+    it in jax.lax.stop_gradient).
+
+    ``dropout_position=(q_offset, kv_offset, q_len, kv_len)``: this call is the block of
+    queries [q_offset, q_offset + L) x keys [kv_offset, kv_offset + S) of a whole call of
+    q_len x kv_len, and draws the dropout mask that call would (context parallelism; CPU
+    backends). torch tensors are then computed without autograd."""
+    position = _convert.dropout_position(dropout_position)
+    if _convert.is_torch_tensor(query) and position is not None:
+        query, key, value = query.detach(), key.detach(), value.detach()
+    elif _convert.is_torch_tensor(query):
         return _torch_api().scaled_dot_product_attention_with_lse(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
             generator=generator, dropout_state=dropout_state, stream=stream)
@@ -128,7 +137,7 @@ def scaled_dot_product_attention_with_lse(
     out, lse, backend, state = _C.attention(
         query, key, value, to_cpp_mask(attn_mask), _dropout(dropout_p), bool(is_causal),
         _scale(scale), bool(enable_gqa), _convert.generator(generator),
-        _convert.dropout_state(dropout_state), _convert.stream_handle(stream))
+        _convert.dropout_state(dropout_state), _convert.stream_handle(stream), position)
     return AttentionOutput(_convert.like(out, query), _convert.like(lse, query), backend,
                            tuple(state))
 
@@ -138,19 +147,22 @@ def scaled_dot_product_attention_backward(
         attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
         scale: Optional[float] = None, enable_gqa: bool = False, *,
         dropout_state: Optional[tuple] = None,
-        attn_mask_requires_grad: bool = False, stream: Any = None) -> AttentionGradients:
+        attn_mask_requires_grad: bool = False, stream: Any = None,
+        dropout_position: Optional[tuple] = None) -> AttentionGradients:
     """Gradients of scaled_dot_product_attention with respect to query, key, value (and a
     float attn_mask when ``attn_mask_requires_grad``), given grad_out and the forward's
     ``out`` and ``lse``. The options must equal the forward's; with dropout,
     ``dropout_state`` must be the forward's (AttentionOutput.dropout_state).
     Returns AttentionGradients(grad_q, grad_k, grad_v, grad_attn_mask, backend) in the
     query's framework (torch tensors are read, not tracked: use sdpa.torch for autograd).
-    ``stream``: as scaled_dot_product_attention's.
+    ``stream``: as scaled_dot_product_attention's; ``dropout_position``: the forward's
+    (scaled_dot_product_attention_with_lse).
     """
     gq, gk, gv, gm, backend = _C.attention_backward(
         grad_out, query, key, value, out, lse, to_cpp_mask(attn_mask), _dropout(dropout_p),
         bool(is_causal), _scale(scale), bool(enable_gqa), _convert.dropout_state(dropout_state),
-        bool(attn_mask_requires_grad), _convert.stream_handle(stream, query))
+        bool(attn_mask_requires_grad), _convert.stream_handle(stream, query),
+        _convert.dropout_position(dropout_position))
     return AttentionGradients(_convert.like(gq, query), _convert.like(gk, query),
                               _convert.like(gv, query),
                               None if gm is None else _convert.like(gm, query), backend)

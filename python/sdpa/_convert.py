@@ -65,6 +65,21 @@ def dropout_state(state: Any) -> Any:
     return seed, offset
 
 
+def dropout_position(position: Any) -> Any:
+    """(q_offset, kv_offset, q_len, kv_len) as four ints, or None; TypeError naming the
+    argument otherwise (the C++ call checks the values)."""
+    if position is None:
+        return None
+    try:
+        values = tuple(operator.index(x) for x in position)
+    except TypeError:
+        values = ()
+    if len(values) != 4:
+        raise TypeError("dropout_position: expected (q_offset, kv_offset, q_len, kv_len) as "
+                        f"four integers, got {position!r}")
+    return values
+
+
 def stream_handle(stream: Any, query: Any = None) -> int:
     """The cudaStream_t (an int; 0 the legacy default stream) a call on `query` runs on:
     `stream` as an int handle or an object with ``.cuda_stream`` (torch.cuda.Stream,

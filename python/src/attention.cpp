@@ -12,10 +12,13 @@ namespace sdpa::python {
 namespace {
 
 using DropoutState = std::tuple<uint64_t, uint64_t>;
+// (q_offset, kv_offset, q_len, kv_len): DropoutPosition.
+using Position = std::tuple<int64_t, int64_t, int64_t, int64_t>;
 
 SDPAOptions make_options(nb::handle attn_mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa, Generator* generator,
-                         std::optional<DropoutState> dropout_state) {
+                         std::optional<DropoutState> dropout_state,
+                         std::optional<Position> dropout_position = std::nullopt) {
   SDPAOptions o;
   o.attn_mask = import_mask(attn_mask);
   o.dropout_p = dropout_p;
@@ -24,6 +27,10 @@ SDPAOptions make_options(nb::handle attn_mask, double dropout_p, bool is_causal,
   o.enable_gqa = enable_gqa;
   o.generator = generator;
   if (dropout_state) o.dropout_state = PhiloxState{std::get<0>(*dropout_state), std::get<1>(*dropout_state)};
+  if (dropout_position) {
+    const auto& [q_offset, kv_offset, q_len, kv_len] = *dropout_position;
+    o.dropout_position = DropoutPosition{q_offset, kv_offset, q_len, kv_len};
+  }
   return o;
 }
 
@@ -31,12 +38,13 @@ SDPAOptions make_options(nb::handle attn_mask, double dropout_p, bool is_causal,
 nb::tuple attention(nb::handle query, nb::handle key, nb::handle value, nb::handle attn_mask,
                     double dropout_p, bool is_causal, std::optional<double> scale,
                     bool enable_gqa, Generator* generator,
-                    std::optional<DropoutState> dropout_state, uintptr_t stream) {
+                    std::optional<DropoutState> dropout_state, uintptr_t stream,
+                    std::optional<Position> dropout_position) {
   const Tensor q = import_array(query, "query", stream);
   const Tensor k = import_array(key, "key", stream);
   const Tensor v = import_array(value, "value", stream);
-  SDPAOptions options =
-      make_options(attn_mask, dropout_p, is_causal, scale, enable_gqa, generator, dropout_state);
+  SDPAOptions options = make_options(attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                     generator, dropout_state, dropout_position);
   options.stream = reinterpret_cast<void*>(stream);
   AttentionResult r;
   {
@@ -54,15 +62,16 @@ nb::tuple attention_backward(nb::handle grad_out, nb::handle query, nb::handle k
                              nb::handle attn_mask, double dropout_p, bool is_causal,
                              std::optional<double> scale, bool enable_gqa,
                              std::optional<DropoutState> dropout_state,
-                             bool attn_mask_requires_grad, uintptr_t stream) {
+                             bool attn_mask_requires_grad, uintptr_t stream,
+                             std::optional<Position> dropout_position) {
   const Tensor g = import_array(grad_out, "grad_out", stream);
   const Tensor q = import_array(query, "query", stream);
   const Tensor k = import_array(key, "key", stream);
   const Tensor v = import_array(value, "value", stream);
   const Tensor o = import_array(out, "out", stream);
   const Tensor l = import_array(lse, "lse", stream);
-  SDPAOptions options =
-      make_options(attn_mask, dropout_p, is_causal, scale, enable_gqa, nullptr, dropout_state);
+  SDPAOptions options = make_options(attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                     nullptr, dropout_state, dropout_position);
   options.attn_mask_requires_grad = attn_mask_requires_grad;
   options.stream = reinterpret_cast<void*>(stream);
   AttentionGradients r;
@@ -139,16 +148,20 @@ void bind_attention(nb::module_& m) {
         nb::arg("is_causal") = false, nb::arg("scale").none() = nb::none(),
         nb::arg("enable_gqa") = false, nb::arg("generator").none() = nb::none(),
         nb::arg("dropout_state").none() = nb::none(), nb::arg("stream") = 0,
+        nb::arg("dropout_position").none() = nb::none(),
         "Returns (out, lse, backend, (seed, offset)). stream: the cudaStream_t a CUDA call "
-        "runs on (0: the legacy default stream); CPU calls ignore it.");
+        "runs on (0: the legacy default stream); CPU calls ignore it. dropout_position: "
+        "(q_offset, kv_offset, q_len, kv_len) of the whole call whose dropout mask this "
+        "block draws (sdpa::DropoutPosition).");
   m.def("attention_backward", &attention_backward, nb::arg("grad_out"), nb::arg("query"),
         nb::arg("key"), nb::arg("value"), nb::arg("out"), nb::arg("lse"),
         nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p") = 0.0,
         nb::arg("is_causal") = false, nb::arg("scale").none() = nb::none(),
         nb::arg("enable_gqa") = false, nb::arg("dropout_state").none() = nb::none(),
         nb::arg("attn_mask_requires_grad") = false, nb::arg("stream") = 0,
-        "Returns (grad_q, grad_k, grad_v, grad_attn_mask or None, backend). stream: as "
-        "attention's.");
+        nb::arg("dropout_position").none() = nb::none(),
+        "Returns (grad_q, grad_k, grad_v, grad_attn_mask or None, backend). stream and "
+        "dropout_position: as attention's.");
   m.def("explain", &explain_call, nb::arg("query"), nb::arg("key"), nb::arg("value"),
         nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p") = 0.0,
         nb::arg("is_causal") = false, nb::arg("scale").none() = nb::none(),

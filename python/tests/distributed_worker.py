@@ -1,7 +1,9 @@
 """One rank of test_distributed.py: joins a gloo group on 127.0.0.1, runs every case of
 context_parallel_attention on its slice and checks out and the gradients of q, k and v
 against a float64 reference of attention over the whole sequence, computed here with
-plain torch operations. Exits 0 when every case agrees; prints the failing case.
+plain torch operations (with dropout: one process's float64 sdpa call with the same
+dropout state, whose mask the ranks must reproduce). Exits 0 when every case agrees;
+prints the failing case.
 
     python distributed_worker.py RANK WORLD_SIZE PORT [die]
 
@@ -53,16 +55,28 @@ def reference(q, k, v, dout, keep, scale):
     return out.detach(), q.grad, k.grad, v.grad
 
 
+def dropout_reference(q, k, v, dout, mask, is_causal, scale, dropout_p, state):
+    """float64 sdpa over the whole sequence with dropout state `state` (one process), and
+    its gradients: the mask context parallelism must reproduce."""
+    q, k, v, dout = (t.double() for t in (q, k, v, dout))
+    kw = dict(attn_mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
+              enable_gqa=q.shape[1] != k.shape[1])
+    whole = sdpa.scaled_dot_product_attention_with_lse(q, k, v, dropout_state=state, **kw)
+    g = sdpa.scaled_dot_product_attention_backward(dout, q, k, v, whole.out, whole.lse,
+                                                   dropout_state=state, **kw)
+    return whole.out, g.grad_q, g.grad_k, g.grad_v
+
+
 def run_case(rank, world, name, *, total, heads=(4, 2), dims=(16, 12), dtype=torch.float32,
              is_causal=False, layout="contiguous", strategy="ring", uneven=None, scale=None,
-             window=None, docs=None):
+             window=None, docs=None, dropout_p=0.0, dropout_state=None):
     torch.manual_seed(1234)  # every rank draws the same global tensors
     b, (hq, hkv), (e, ev) = 2, heads, dims
     q = torch.randn(b, hq, total, e)
     k = torch.randn(b, hkv, total, e)
     v = torch.randn(b, hkv, total, ev)
     dout = torch.randn(b, hq, total, ev)
-    gold = reference(q, k, v, dout, visible(total, is_causal, window, docs), scale)
+    causal_arg, causal = is_causal and docs is None, is_causal
     parts = []
     if window is not None:
         parts.append(sdpa.attention.bias.LocalAttentionBias(*window))
@@ -72,6 +86,15 @@ def run_case(rank, world, name, *, total, heads=(4, 2), dims=(16, 12), dtype=tor
     mask = None
     if parts:
         mask = parts[0] if len(parts) == 1 else sdpa.attention.bias.compose(parts)
+    if dropout_p > 0:
+        # Without a state, rank 0 draws sdpa's default generator's next (seed, offset).
+        state = dropout_state
+        if state is None:
+            sdpa.manual_seed(4321)
+            state = (4321, 0)
+        gold = dropout_reference(q, k, v, dout, mask, causal_arg, scale, dropout_p, state)
+    else:
+        gold = reference(q, k, v, dout, visible(total, causal, window, docs), scale)
 
     def local(x):
         if uneven is not None:
@@ -81,7 +104,8 @@ def run_case(rank, world, name, *, total, heads=(4, 2), dims=(16, 12), dtype=tor
     ql, kl, vl = (local(t).to(dtype).requires_grad_() for t in (q, k, v))
     out = cp.context_parallel_attention(ql, kl, vl, strategy=strategy, layout=layout,
                                         is_causal=is_causal, attn_mask=mask, scale=scale,
-                                        enable_gqa=hq != hkv)
+                                        enable_gqa=hq != hkv, dropout_p=dropout_p,
+                                        dropout_state=dropout_state)
     out.backward(local(dout).to(dtype))
     tol = TOLERANCE[dtype]
     for what, got, want in (("out", out, gold[0]), ("grad_q", ql.grad, gold[1]),
@@ -158,6 +182,17 @@ def main():
              docs=[7, 12 * world - 7], layout="zigzag"),
         dict(name="causal documents all_gather", total=10 * world + 3, is_causal=True,
              docs=[3, 10 * world - 5, 5], strategy="all_gather", layout="zigzag"),
+        # Dropout equal to one process's with the same (seed, offset).
+        dict(name="causal zigzag ring dropout", total=12 * world + 5, is_causal=True,
+             layout="zigzag", dropout_p=0.3, dropout_state=(2**63 + 5, 9)),
+        dict(name="plain uneven ring dropout, default generator", total=sum(uneven),
+             uneven=uneven, dropout_p=0.5),
+        dict(name="documents and window zigzag ring dropout", total=12 * world,
+             window=(5, 0), docs=[7, 12 * world - 7], layout="zigzag", dropout_p=0.2,
+             dropout_state=(11, 3)),
+        dict(name="causal uneven all_gather float64 dropout", total=sum(uneven),
+             is_causal=True, uneven=uneven, strategy="all_gather", dtype=torch.float64,
+             dropout_p=0.4, dropout_state=(12, 0)),
     ]
     for case in cases:
         run_case(rank, world, **case)
@@ -168,7 +203,7 @@ def main():
         if not torch.equal(a, b):
             raise AssertionError(f"rank {rank}: two identical ring calls differ")
     x = torch.randn(1, 2, 4, 8)
-    expect_error(lambda: cp.context_parallel_attention(x, x, x, dropout_p=0.1), "dropout_p")
+    expect_error(lambda: cp.context_parallel_attention(x, x, x, dropout_p=1.5), "dropout_p")
     expect_error(lambda: cp.context_parallel_attention(x, x, x, attn_mask=torch.ones(4, 4)),
                  "attn_mask")
     expect_error(lambda: cp.context_parallel_attention(

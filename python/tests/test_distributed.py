@@ -132,7 +132,10 @@ def test_pieces_cover_exactly_the_visible_pairs(layout, band, docs):
         for owner in range(world):
             kv_pos = cp.shard(x, layout, world, owner)[0, 0, :, 0].tolist()
             covered = {}
-            for q0, q1, k0, k1, m in pieces(q_segs, cp.segments(layout, lengths, owner), mask):
+            for q0, q1, k0, k1, m, gq0, gk0 in pieces(q_segs, cp.segments(layout, lengths, owner),
+                                                      mask):
+                # The global positions of the first row and key (for dropout's draws).
+                assert (q_pos[q0], kv_pos[k0]) == (gq0, gk0)
                 for a in range(q0, q1):
                     assert any(_band_keeps(m, a - q0, b - k0) for b in range(k0, k1)), \
                         "a piece row without keys"

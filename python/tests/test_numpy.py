@@ -384,6 +384,27 @@ def test_dropout_forward_and_backward_replay(rng):
         np.testing.assert_allclose(got, expected, atol=1e-10, rtol=1e-9)
 
 
+def test_dropout_position_draws_the_whole_calls_mask(rng):
+    # A block of queries [a, b) x keys [c, d) drawn at its position keeps exactly the
+    # whole call's weights there (context parallelism's pieces).
+    p, state, L, S = 0.4, (99, 2), 20, 30
+    q = rng.standard_normal((2, 3, L, 8))
+    k = rng.standard_normal((2, 3, S, 8))
+    whole, _ = dropout_multiplier(q, k, p, state)
+    for (a, b), (c, d) in [((0, L), (0, S)), ((5, 13), (7, S)), ((L - 1, L), (0, 1))]:
+        eye = np.broadcast_to(np.eye(d - c), k.shape[:-2] + (d - c, d - c))
+        r = sdpa.scaled_dot_product_attention_with_lse(
+            q[..., a:b, :], k[..., c:d, :], eye, dropout_p=p, dropout_state=state,
+            dropout_position=(a, c, L, S))
+        np.testing.assert_array_equal(np.where(np.asarray(r.out) > 0, 1.0 / (1.0 - p), 0.0),
+                                      whole[..., a:b, c:d])
+    with pytest.raises(TypeError, match="dropout_position"):
+        sdpa.scaled_dot_product_attention_with_lse(q, k, k, dropout_p=p, dropout_position=(0, 0, L))
+    with pytest.raises(sdpa.Error, match="dropout_position"):
+        sdpa.scaled_dot_product_attention_with_lse(q, k, k, dropout_p=p,
+                                                   dropout_position=(1, 0, L, S))
+
+
 def test_generators(rng):
     q = rng.standard_normal((1, 2, 8, 8)).astype(np.float32)
     sdpa.manual_seed(123)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .. import _C
+from .. import _C, _convert
 from .layout import LAYOUTS, Segment, segments, shard, unshard
 
 
@@ -47,7 +47,9 @@ def context_parallel_attention(query: Any, key: Any, value: Any, group: Any = No
                                strategy: str = "ring", layout: str = "contiguous",
                                is_causal: bool = False, scale: Optional[float] = None,
                                enable_gqa: bool = False, attn_mask: Any = None,
-                               dropout_p: float = 0.0, timeout: Optional[float] = None) -> Any:
+                               dropout_p: float = 0.0, generator: Any = None,
+                               dropout_state: Optional[tuple] = None,
+                               timeout: Optional[float] = None) -> Any:
     """Attention of this rank's queries to the keys/values of every rank of `group`
     (default: the world), as one scaled_dot_product_attention over the whole sequence.
 
@@ -65,8 +67,14 @@ def context_parallel_attention(query: Any, key: Any, value: Any, group: Any = No
     Ev] in the query's dtype; autograd flows to query, key and value (the ring backward
     passes dK / dV around the ring).
 
+    Dropout drops exactly the weights one scaled_dot_product_attention over the whole
+    sequence would with the same (seed, offset): ``dropout_state`` if given (every rank
+    the same), else the next state of rank 0's ``generator`` (sdpa's default generator
+    when None), broadcast to the group. Each piece draws at its global position
+    (sdpa.DropoutPosition), so layouts and strategies give the same mask.
+
     Raises sdpa.Error for arguments it cannot serve: another attn_mask (tensors, ALiBi),
-    dropout (not yet supported across ranks), CUDA tensors (the ring backward needs
+    CUDA tensors (the ring backward needs
     FLASH_ATTENTION, which sdpa runs on the CPU only), float64 with the ring strategy
     (FLASH's float64 backward recomputes row statistics instead of taking the global
     logsumexp); ValueError for an unknown strategy or layout, or slices that do not
@@ -90,14 +98,19 @@ def context_parallel_attention(query: Any, key: Any, value: Any, group: Any = No
             raise _C.Error(f"context_parallel_attention: {name}: expected a CPU tensor, got "
                            f"{t.device} (the ring backward runs on FLASH_ATTENTION, a CPU "
                            "backend)")
-    if dropout_p != 0.0:
-        raise _C.Error(f"context_parallel_attention: dropout_p: expected 0.0, got {dropout_p} "
-                       "(dropout across ranks is not supported yet)")
+    dropout_p = _convert.number(dropout_p, "dropout_p")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise _C.Error(f"context_parallel_attention: dropout_p: expected a probability in "
+                       f"[0, 1], got {dropout_p}")
+    if dropout_state is None and dropout_p > 0:
+        generator = _convert.generator(generator) or _C.default_generator()
+        dropout_state = generator.next_state() if dist.get_rank(group) == 0 else (0, 0)
     if strategy == "ring" and query.dtype == torch.float64:
         raise _C.Error("context_parallel_attention: float64 needs strategy='all_gather' (the "
                        "ring backward takes the global logsumexp, which FLASH's float64 "
                        "backward does not)")
     ring = _Ring(group, layout, query.shape[-2], key.shape[-2], attn_mask, bool(is_causal),
-                 scale, bool(enable_gqa), strategy, timeout)
+                 scale, bool(enable_gqa), strategy, timeout, dropout_p,
+                 _convert.dropout_state(dropout_state))
     return _ContextParallelAttention.apply(query.contiguous(), key.contiguous(),
                                            value.contiguous(), ring)

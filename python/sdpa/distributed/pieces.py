@@ -19,8 +19,9 @@ from .. import _C
 from ..attention.bias import BlockDiagonalBias, ComposedBias, LocalAttentionBias
 from .layout import Segment
 
-# Local query rows [q0, q1) against local key rows [k0, k1), under `mask` (None: all).
-Piece = Tuple[int, int, int, int, Any]
+# Local query rows [q0, q1) against local key rows [k0, k1), under `mask` (None: all); the
+# global positions of q0 and k0 last (for dropout's draws).
+Piece = Tuple[int, int, int, int, Any, int, int]
 
 
 @dataclass(frozen=True)
@@ -115,5 +116,5 @@ def pieces(q_segs: Sequence[Segment], kv_segs: Sequence[Segment], mask: GlobalMa
                 None if right is None else q_first - k_first + right, "top_left")
             out.append((qs.local + q_first - qs.start, qs.local + q_stop - qs.start,
                         ks.local + k_first - ks.start, ks.local + k_stop - ks.start,
-                        piece_mask))
+                        piece_mask, q_first, k_first))
     return out

@@ -51,7 +51,8 @@ class _Ring:
 
     def __init__(self, group: Any, layout: str, q_len: int, kv_len: int, mask: Any,
                  is_causal: bool, scale: Optional[float], enable_gqa: bool, strategy: str,
-                 timeout: Optional[float]):
+                 timeout: Optional[float], dropout_p: float = 0.0,
+                 dropout_state: Tuple[int, int] = (0, 0)):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
@@ -72,6 +73,27 @@ class _Ring:
         self.scale = scale
         self.enable_gqa = enable_gqa
         self.strategy = strategy
+        self.dropout_p = dropout_p
+        self.dropout_state = self.shared_dropout_state(dropout_state) if dropout_p > 0 else None
+
+    def shared_dropout_state(self, state: Tuple[int, int]) -> Tuple[int, int]:
+        """Rank 0's (seed, offset) on every rank."""
+        seed, offset = state
+        # Seeds use all 64 bits: sent as signed int64.
+        both = torch.tensor([seed - (seed >> 63 << 64), offset], dtype=torch.int64)
+        root = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        self.wait([(dist.broadcast(both, root, group=self.group, async_op=True), None)],
+                  "the broadcast of the dropout state")
+        return int(both[0]) % 2**64, int(both[1])
+
+    def dropout(self, gq0: int, gk0: int) -> dict:
+        """The dropout arguments of the piece whose first query and key are at global
+        positions gq0, gk0: it draws the mask of the whole call (sdpa.DropoutPosition)."""
+        if self.dropout_p == 0:
+            return {}
+        total = sum(self.q_lengths)
+        return dict(dropout_p=self.dropout_p, dropout_state=self.dropout_state,
+                    dropout_position=(gq0, gk0, total, total))
 
     def wait(self, works, what: str) -> None:
         """Waits for `works` (at most the call's timeout each); a failed or late peer
@@ -121,10 +143,11 @@ class _Ring:
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: int,
                out: torch.Tensor, lse: torch.Tensor) -> None:
         """Merges q's attention to the K/V slice of `owner` into out (float32) / lse."""
-        for q0, q1, k0, k1, mask in pieces(self.q_segs, self.kv_segs[owner], self.mask):
+        for q0, q1, k0, k1, mask, gq0, gk0 in pieces(self.q_segs, self.kv_segs[owner],
+                                                      self.mask):
             part = scaled_dot_product_attention_with_lse(
                 q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :], attn_mask=mask,
-                scale=self.scale, enable_gqa=self.enable_gqa)
+                scale=self.scale, enable_gqa=self.enable_gqa, **self.dropout(gq0, gk0))
             merged_out, merged_lse = merge_attention_states(
                 out[..., q0:q1, :], lse[..., q0:q1], part.out.float(), part.lse)
             out[..., q0:q1, :] = merged_out
@@ -137,11 +160,12 @@ class _Ring:
         out and lse) to dq and to that slice's dk / dv (float32)."""
         # FLASH computes each piece's probabilities from the given (global) logsumexp.
         with sdpa_kernel(_C.SDPBackend.FLASH_ATTENTION):
-            for q0, q1, k0, k1, mask in pieces(self.q_segs, self.kv_segs[owner], self.mask):
+            for q0, q1, k0, k1, mask, gq0, gk0 in pieces(self.q_segs, self.kv_segs[owner],
+                                                          self.mask):
                 g = scaled_dot_product_attention_backward(
                     dout[..., q0:q1, :], q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :],
                     out[..., q0:q1, :], lse[..., q0:q1], attn_mask=mask, scale=self.scale,
-                    enable_gqa=self.enable_gqa)
+                    enable_gqa=self.enable_gqa, **self.dropout(gq0, gk0))
                 dq[..., q0:q1, :] += g.grad_q.float()
                 dk[..., k0:k1, :] += g.grad_k.float()
                 dv[..., k0:k1, :] += g.grad_v.float()
@@ -236,10 +260,10 @@ def _all_gather_forward(ring: _Ring, q, k, v):
     keys, values = ring.global_kv(ring.gather_kv(k, v))
     # Rows no key is visible to (none under the supported masks) stay 0.
     out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
-    for q0, q1, k0, k1, mask in ring.gathered_pieces(keys.shape[-2]):
+    for q0, q1, k0, k1, mask, gq0, gk0 in ring.gathered_pieces(keys.shape[-2]):
         part = scaled_dot_product_attention_with_lse(
             q[..., q0:q1, :], keys[..., k0:k1, :], values[..., k0:k1, :], attn_mask=mask,
-            scale=ring.scale, enable_gqa=ring.enable_gqa)
+            scale=ring.scale, enable_gqa=ring.enable_gqa, **ring.dropout(gq0, gk0))
         out[..., q0:q1, :] = part.out
     return out
 
@@ -252,8 +276,9 @@ def _all_gather_backward(ring: _Ring, dout, q, k, v):
     dq = torch.zeros(q.shape, dtype=acc)
     dkeys = torch.zeros(keys.shape, dtype=acc)
     dvalues = torch.zeros(values.shape, dtype=acc)
-    for q0, q1, k0, k1, mask in ring.gathered_pieces(total):
-        kw = dict(attn_mask=mask, scale=ring.scale, enable_gqa=ring.enable_gqa)
+    for q0, q1, k0, k1, mask, gq0, gk0 in ring.gathered_pieces(total):
+        kw = dict(attn_mask=mask, scale=ring.scale, enable_gqa=ring.enable_gqa,
+                  **ring.dropout(gq0, gk0))
         q_rows, k_rows, v_rows = q[..., q0:q1, :], keys[..., k0:k1, :], values[..., k0:k1, :]
         part = scaled_dot_product_attention_with_lse(q_rows, k_rows, v_rows, **kw)
         g = scaled_dot_product_attention_backward(dout[..., q0:q1, :], q_rows, k_rows, v_rows,
