@@ -152,6 +152,7 @@ BlockMask create_block_mask(const Program& mask_mod, int64_t batch, int64_t num_
                             int64_t kv_block_size) {
   SDPA_CHECK(mask_mod.is_mask(), "create_block_mask: expected a mask_mod program, got a "
              "score_mod");
+  require_captured_on(mask_mod, Device{}, "create_block_mask (on the CPU)");
   SDPA_CHECK(batch >= 1 && num_heads >= 1, "create_block_mask: expected B >= 1 and H >= 1, got ",
              batch, " and ", num_heads);
   SDPA_CHECK(q_len >= 0 && kv_len >= 0, "create_block_mask: expected non-negative Q_LEN and "
@@ -220,6 +221,7 @@ BlockMask block_mask_from_kv_blocks(const KvBlocks& blocks, int64_t q_len, int64
              "KV_LEN, got ", q_len, " and ", kv_len);
   SDPA_CHECK(q_block_size >= 1 && kv_block_size >= 1, "from_kv_blocks: expected BLOCK_SIZE "
              ">= 1, got (", q_block_size, ", ", kv_block_size, ")");
+  if (mask_mod) require_captured_on(*mask_mod, Device{}, "a BlockMask's mask_mod (on the CPU)");
   SDPA_CHECK(!mask_mod || mask_mod->is_mask(), "from_kv_blocks: expected a mask_mod program, "
              "got a score_mod");
   SDPA_CHECK(blocks.num.dim() == 3 && blocks.num.size(0) >= 1 && blocks.num.size(1) >= 1,

@@ -198,8 +198,9 @@ Expr to_float(const Expr& a) {
 
 Captured::Captured(std::string name, Tensor tensor, bool requires_grad) {
   SDPA_CHECK(tensor.defined(), "flex: captured tensor '", name, "' is undefined");
-  SDPA_CHECK(tensor.device().type == DeviceType::kCPU, "flex: captured tensor '", name,
-             "' must be on cpu, got ", device_name(tensor.device()));
+  SDPA_CHECK(tensor.device().type == DeviceType::kCPU || tensor.device().type == DeviceType::kCUDA,
+             "flex: captured tensor '", name, "' must be on cpu or a CUDA device, got ",
+             device_name(tensor.device()));
   SDPA_CHECK(tensor.dim() >= 1 && tensor.dim() <= 8, "flex: captured tensor '", name,
              "' must have 1 to 8 dimensions, got ", tensor.dim());
   SDPA_CHECK(!requires_grad || is_floating(tensor.dtype()), "flex: captured tensor '", name,

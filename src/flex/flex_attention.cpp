@@ -6,6 +6,7 @@
 
 #include "cpu/kernels.h"
 #include "dispatch/lowering.h"
+#include "flex/node.h"
 #include "sdpa/error.h"
 
 namespace sdpa {
@@ -15,6 +16,7 @@ void add_flex(AttentionParams& p, const std::optional<flex::Program>& score_mod,
               const flex::BlockMask* block_mask) {
   if (score_mod) {
     SDPA_CHECK(!score_mod->is_mask(), "score_mod: expected a score_mod program, got a mask_mod");
+    flex::require_captured_on(*score_mod, p.device, "the call");
     p.mask.score_mod = std::make_shared<const flex::Program>(*score_mod);
   }
   if (block_mask) {

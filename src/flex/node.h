@@ -74,4 +74,9 @@ std::shared_ptr<const CompiledProgram> compile_outputs(const std::vector<Expr>& 
 /// Placeholders handed to mods.
 Expr input(Op op);
 
+/// Throws sdpa::Error naming the tensor unless every captured tensor of `program` can be
+/// read where `device` computes: on the CPU for CPU work (`what` says which), on the CPU
+/// or that CUDA device for CUDA calls (the GPU backends copy host tensors over).
+void require_captured_on(const Program& program, Device device, const char* what);
+
 }  // namespace sdpa::flex

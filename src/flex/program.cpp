@@ -223,8 +223,20 @@ const std::vector<Captured>& Program::captured() const { return captured_; }
 
 double Program::evaluate(double score, int64_t b, int64_t h, int64_t q_idx,
                          int64_t kv_idx) const {
+  require_captured_on(*this, Device{}, "Program::evaluate");
   ScalarEvaluator eval(*compiled_, captured_);
   return eval.run(score, b, h, q_idx, kv_idx);
+}
+
+void require_captured_on(const Program& program, Device device, const char* what) {
+  for (const Captured& c : program.captured()) {
+    const Device d = c.tensor().device();
+    const bool ok = d.type == DeviceType::kCPU ||
+                    (device.type == DeviceType::kCUDA && d == device);
+    SDPA_CHECK(ok, "flex: captured tensor '", c.name(), "' is on ", device_name(d), "; ", what,
+               " reads captured tensors on cpu",
+               device.type == DeviceType::kCUDA ? " or " + device_name(device) : std::string());
+  }
 }
 
 }  // namespace sdpa::flex

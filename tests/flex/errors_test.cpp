@@ -280,5 +280,26 @@ TEST(FlexErrors, IntegerDivisionByZeroRaises) {
                                       {"division by zero"}));
 }
 
+// A captured tensor on a GPU is read there by the GPU backends only: CPU work that would
+// read it (a CPU call, create_block_mask, evaluate) names it instead of touching device
+// memory (the header below is never dereferenced).
+TEST(FlexErrors, CapturedDeviceTensorsAreRefusedWhereTheCpuWouldReadThem) {
+  alignas(16) static float storage[4];
+  const Tensor on_gpu = Tensor::from_blob(storage, {4}, {1}, DType::kFloat32,
+                                          sdpa::Device{sdpa::DeviceType::kCUDA, 0});
+  const Program alibi = Program::from_score_mod(mods::alibi(on_gpu));
+  const Inputs in = inputs(1, 4, 8, 8);
+  EXPECT_TRUE(throws_error_containing([&] { sdpa::flex_attention(in.q, in.k, in.v, alibi); },
+                                      {"'alibi_slopes' is on cuda:0", "reads captured tensors on cpu"}));
+  EXPECT_TRUE(throws_error_containing([&] { alibi.evaluate(0.5, 0, 0, 1, 1); },
+                                      {"'alibi_slopes' is on cuda:0", "Program::evaluate"}));
+  const Captured ids("ids", Tensor::from_blob(storage, {4}, {1}, DType::kInt32,
+                                              sdpa::Device{sdpa::DeviceType::kCUDA, 0}));
+  const Program same_id = Program::from_mask_mod(
+      [&](const Expr&, const Expr&, const Expr& q, const Expr& kv) { return ids[q] == ids[kv]; });
+  EXPECT_TRUE(throws_error_containing([&] { sdpa::flex::create_block_mask(same_id, 1, 1, 4, 4); },
+                                      {"'ids' is on cuda:0", "create_block_mask"}));
+}
+
 }  // namespace
 }  // namespace flex_test
