@@ -478,7 +478,8 @@ class _FlexFunction(torch.autograd.Function):
     def forward(ctx, flex_args, query, key, value, *captured):
         program, block_mask, scale, enable_gqa, names = flex_args
         out, lse, _ = _C.flex_attention(query.detach(), key.detach(), value.detach(), program,
-                                        block_mask, scale, enable_gqa)
+                                        block_mask, scale, enable_gqa,
+                                        _convert.stream_handle(None, query))
         out, lse = torch.from_dlpack(out), torch.from_dlpack(lse)
         ctx.flex_args = flex_args
         _live_flex_contexts.add(ctx)
@@ -493,7 +494,7 @@ class _FlexFunction(torch.autograd.Function):
         query, key, value, out, lse = ctx.saved_tensors
         gq, gk, gv, captured = _C.flex_attention_backward(
             grad_out.contiguous(), query.detach(), key.detach(), value.detach(), out, lse,
-            program, block_mask, scale, enable_gqa)
+            program, block_mask, scale, enable_gqa, _convert.stream_handle(None, query))
         by_name = dict(zip(program.captured_names, captured)) if program is not None else {}
         # A 0-d tensor is captured as one element: its gradient takes the tensor's shape.
         grads = [None if by_name.get(n) is None

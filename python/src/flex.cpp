@@ -25,17 +25,19 @@ SDPAOptions flex_options(std::optional<double> scale, bool enable_gqa) {
 // Returns (out, lse, backend).
 nb::tuple flex_forward(nb::handle query, nb::handle key, nb::handle value,
                        const std::optional<Program>& score_mod, const flex::BlockMask* block_mask,
-                       std::optional<double> scale, bool enable_gqa) {
-  const Tensor q = import_array(query, "query");
-  const Tensor k = import_array(key, "key");
-  const Tensor v = import_array(value, "value");
+                       std::optional<double> scale, bool enable_gqa, uintptr_t stream) {
+  const Tensor q = import_array(query, "query", stream);
+  const Tensor k = import_array(key, "key", stream);
+  const Tensor v = import_array(value, "value", stream);
+  SDPAOptions options = flex_options(scale, enable_gqa);
+  options.stream = reinterpret_cast<void*>(stream);
   AttentionResult r;
   {
     nb::gil_scoped_release release;
-    r = flex_attention(q, k, v, score_mod, block_mask, flex_options(scale, enable_gqa));
+    r = flex_attention(q, k, v, score_mod, block_mask, options);
   }
-  return nb::make_tuple(export_tensor(std::move(r.out)), export_tensor(std::move(r.lse)),
-                        r.backend);
+  return nb::make_tuple(export_tensor(std::move(r.out), stream),
+                        export_tensor(std::move(r.lse), stream), r.backend);
 }
 
 // Returns max_scores [B, Hq, L] float32.
@@ -59,25 +61,27 @@ nb::object flex_max_scores(nb::handle query, nb::handle key, nb::handle value,
 nb::tuple flex_backward(nb::handle grad_out, nb::handle query, nb::handle key, nb::handle value,
                         nb::handle out, nb::handle lse, const std::optional<Program>& score_mod,
                         const flex::BlockMask* block_mask, std::optional<double> scale,
-                        bool enable_gqa) {
-  const Tensor g = import_array(grad_out, "grad_out");
-  const Tensor q = import_array(query, "query");
-  const Tensor k = import_array(key, "key");
-  const Tensor v = import_array(value, "value");
-  const Tensor o = import_array(out, "out");
-  const Tensor l = import_array(lse, "lse");
+                        bool enable_gqa, uintptr_t stream) {
+  const Tensor g = import_array(grad_out, "grad_out", stream);
+  const Tensor q = import_array(query, "query", stream);
+  const Tensor k = import_array(key, "key", stream);
+  const Tensor v = import_array(value, "value", stream);
+  const Tensor o = import_array(out, "out", stream);
+  const Tensor l = import_array(lse, "lse", stream);
+  SDPAOptions options = flex_options(scale, enable_gqa);
+  options.stream = reinterpret_cast<void*>(stream);
   AttentionGradients r;
   {
     nb::gil_scoped_release release;
-    r = flex_attention_backward(g, q, k, v, o, l, score_mod, block_mask,
-                                flex_options(scale, enable_gqa));
+    r = flex_attention_backward(g, q, k, v, o, l, score_mod, block_mask, options);
   }
   nb::list captured;
   for (Tensor& t : r.grad_captured) {
-    captured.append(t.defined() ? export_tensor(std::move(t)) : nb::none());
+    captured.append(t.defined() ? export_tensor(std::move(t), stream) : nb::none());
   }
-  return nb::make_tuple(export_tensor(std::move(r.grad_q)), export_tensor(std::move(r.grad_k)),
-                        export_tensor(std::move(r.grad_v)), captured);
+  return nb::make_tuple(export_tensor(std::move(r.grad_q), stream),
+                        export_tensor(std::move(r.grad_k), stream),
+                        export_tensor(std::move(r.grad_v), stream), captured);
 }
 
 }  // namespace
@@ -208,16 +212,18 @@ void bind_flex(nb::module_& m) {
       nb::arg("kv_num_blocks"), nb::arg("kv_indices"), nb::arg("full_kv_num_blocks").none(),
       nb::arg("full_kv_indices").none(), nb::arg("q_len"), nb::arg("kv_len"),
       nb::arg("q_block_size"), nb::arg("kv_block_size"), nb::arg("mask_mod").none());
+  // stream: the cudaStream_t CUDA inputs are read and the outputs written on (0: the
+  // legacy default stream); CPU inputs ignore it.
   m.def("flex_attention", &flex_forward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
         nb::arg("score_mod").none(), nb::arg("block_mask").none(), nb::arg("scale").none(),
-        nb::arg("enable_gqa"));
+        nb::arg("enable_gqa"), nb::arg("stream") = 0);
   m.def("flex_max_scores", &flex_max_scores, nb::arg("query"), nb::arg("key"),
         nb::arg("value"), nb::arg("score_mod").none(), nb::arg("block_mask").none(),
         nb::arg("scale").none(), nb::arg("enable_gqa"));
   m.def("flex_attention_backward", &flex_backward, nb::arg("grad_out"), nb::arg("query"),
         nb::arg("key"), nb::arg("value"), nb::arg("out"), nb::arg("lse"),
         nb::arg("score_mod").none(), nb::arg("block_mask").none(), nb::arg("scale").none(),
-        nb::arg("enable_gqa"));
+        nb::arg("enable_gqa"), nb::arg("stream") = 0);
 }
 
 }  // namespace sdpa::python

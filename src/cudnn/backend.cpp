@@ -6,7 +6,7 @@
 #include "cudnn/forward.h"
 #include "cudnn/graph_cache.h"
 #include "cudnn/handle.h"
-#include "cudnn/score_mod_lowering.h"
+#include "cudnn/score_mod_graph.h"
 #include "cuda/status.h"
 #include "sdpa/cuda.h"
 
@@ -41,13 +41,15 @@ bool check_lowering(const AttentionParams& p, Reasons& r) {
 // the graph is built (once per call signature, cached) and its verdict is the reason.
 bool check_graph(const AttentionParams& p, Reasons& r) {
   cudnn::GraphSpec spec;
+  cudnn::ScoreModCall score_mod;
   Reasons quiet{false, {}};
-  if (!cudnn::lower(p, spec, quiet)) return false;
+  if (!cudnn::lower(p, spec, quiet, &score_mod)) return false;
   if (!cudnn::cudnn_load_error().empty()) return false;
   try {
     cuda::detail::DeviceGuard guard(p.device.index);
     const auto entry = cudnn::graph_for(
-        spec, cudnn::handle_for(p.device.index, static_cast<cudaStream_t>(p.stream)));
+        spec, cudnn::handle_for(p.device.index, static_cast<cudaStream_t>(p.stream)),
+        score_mod.graph);
     if (entry->graph != nullptr) return true;
     r.add(entry->error);
   } catch (const Error& e) {

@@ -8,6 +8,7 @@
 #include "cudnn/graph_build.h"
 #include "cudnn/graph_cache.h"
 #include "cudnn/handle.h"
+#include "cudnn/score_mod_graph.h"
 #include "cuda/status.h"
 
 namespace sdpa::cudnn {
@@ -19,9 +20,10 @@ std::array<int64_t, 4> contiguous(const std::array<int64_t, 4>& d) {
 
 }  // namespace
 
-std::shared_ptr<fe::graph::Graph> build_backward_graph(const GraphSpec& spec,
-                                                       cudnnHandle_t handle) {
-  auto [graph, q, k, v] = new_graph(spec);
+std::shared_ptr<fe::graph::Graph> backward_graph(
+    const GraphSpec& spec, const std::shared_ptr<const ScoreModGraph>& score_mod,
+    int sm_version) {
+  auto [graph, q, k, v] = new_graph(spec, sm_version);
   auto out = tensor(*graph, "out", kOut, spec.out);
   auto grad_out = tensor(*graph, "grad_out", kGradOut, spec.grad_out);
   auto lse = tensor(*graph, "lse", kLse, spec.lse);
@@ -30,6 +32,7 @@ std::shared_ptr<fe::graph::Graph> build_backward_graph(const GraphSpec& spec,
                         .set_name("sdpa_backward")
                         .set_deterministic_algorithm(spec.deterministic != 0);
   apply_mask(*graph, spec, attributes);
+  if (score_mod != nullptr) set_score_mod(*graph, attributes, score_mod);
   auto [grad_q, grad_k, grad_v] = graph->sdpa_backward(q, k, v, out, grad_out, lse, attributes);
   const auto set = [](auto& t, int64_t uid, const TensorSpec& like) {
     t->set_output(true).set_uid(uid).set_dim({like.dims.begin(), like.dims.end()});
@@ -39,6 +42,13 @@ std::shared_ptr<fe::graph::Graph> build_backward_graph(const GraphSpec& spec,
   set(grad_q, kGradQ, spec.q);
   set(grad_k, kGradK, spec.k);
   set(grad_v, kGradV, spec.v);
+  return graph;
+}
+
+std::shared_ptr<fe::graph::Graph> build_backward_graph(
+    const GraphSpec& spec, cudnnHandle_t handle,
+    const std::shared_ptr<const ScoreModGraph>& score_mod) {
+  auto graph = backward_graph(spec, score_mod);
   finish(*graph, handle, spec);
   return graph;
 }

@@ -9,17 +9,20 @@
 #include "cudnn/graph_build.h"
 #include "cudnn/graph_cache.h"
 #include "cudnn/handle.h"
+#include "cudnn/score_mod_graph.h"
 #include "cuda/copy.h"
 #include "cuda/status.h"
 #include "sdpa/cuda.h"
 
 namespace sdpa::cudnn {
 
-std::shared_ptr<fe::graph::Graph> build_forward_graph(const GraphSpec& spec,
-                                                      cudnnHandle_t handle) {
-  auto [graph, q, k, v] = new_graph(spec);
+std::shared_ptr<fe::graph::Graph> forward_graph(
+    const GraphSpec& spec, const std::shared_ptr<const ScoreModGraph>& score_mod,
+    int sm_version) {
+  auto [graph, q, k, v] = new_graph(spec, sm_version);
   auto attributes = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true);
   apply_mask(*graph, spec, attributes);
+  if (score_mod != nullptr) set_score_mod(*graph, attributes, score_mod);
   auto [out, stats] = graph->sdpa(q, k, v, attributes);
   const int64_t b = spec.q.dims[0], h = spec.q.dims[1], l = spec.q.dims[2];
   const int64_t ev = spec.v.dims[3];
@@ -29,6 +32,13 @@ std::shared_ptr<fe::graph::Graph> build_forward_graph(const GraphSpec& spec,
       .set_data_type(fe::DataType_t::FLOAT)
       .set_dim({b, h, l, 1})
       .set_stride({h * l, l, 1, 1});
+  return graph;
+}
+
+std::shared_ptr<fe::graph::Graph> build_forward_graph(
+    const GraphSpec& spec, cudnnHandle_t handle,
+    const std::shared_ptr<const ScoreModGraph>& score_mod) {
+  auto graph = forward_graph(spec, score_mod);
   finish(*graph, handle, spec);
   return graph;
 }
@@ -51,6 +61,8 @@ void execute(const AttentionParams& p, const Prepared& prepared, cudnnHandle_t h
     if (spec.bias_repacked) bias = cuda::detail::copy_with_aligned_rows(bias, 16, p.stream);
     pack[kBias] = bias.data_ptr();
   }
+  std::vector<Tensor> captured;  // host tensors of a score_mod, copied for this call
+  if (prepared.score_mod.graph != nullptr) bind_score_mod_tensors(prepared.score_mod, p, pack, captured);
   Tensor workspace;
   if (entry.workspace_bytes > 0) {
     workspace = cuda::empty({entry.workspace_bytes}, DType::kBool, p.device.index, p.stream);
@@ -65,8 +77,9 @@ void execute(const AttentionParams& p, const Prepared& prepared, cudnnHandle_t h
 Prepared prepare(const AttentionParams& p, cudnnHandle_t handle) {
   Prepared prepared;
   Reasons quiet{false, {}};
-  SDPA_CHECK(lower(p, prepared.spec, quiet), "CUDNN_ATTENTION: the call cannot be lowered to cuDNN");
-  prepared.entry = graph_for(prepared.spec, handle);
+  SDPA_CHECK(lower(p, prepared.spec, quiet, &prepared.score_mod),
+             "CUDNN_ATTENTION: the call cannot be lowered to cuDNN");
+  prepared.entry = graph_for(prepared.spec, handle, prepared.score_mod.graph);
   SDPA_CHECK(prepared.entry->graph != nullptr, prepared.entry->error);
   return prepared;
 }

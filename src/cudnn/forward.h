@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "cudnn/graph_key.h"
+#include "cudnn/score_mod_graph.h"
 #include "dispatch/backend_impl.h"
 
 namespace sdpa::cudnn {
@@ -16,6 +17,7 @@ struct CachedGraph;
 /// A call lowered and its graph looked up (or built).
 struct Prepared {
   GraphSpec spec;
+  ScoreModCall score_mod;  ///< empty without a score_mod subgraph
   std::shared_ptr<CachedGraph> entry;
 };
 

@@ -36,8 +36,10 @@ struct NewGraph {
   std::shared_ptr<fe::graph::Graph> graph;
   std::shared_ptr<fe::graph::Tensor_attributes> q, k, v;
 };
-inline NewGraph new_graph(const GraphSpec& spec) {
+inline NewGraph new_graph(const GraphSpec& spec, int sm_version = 0) {
   NewGraph g{std::make_shared<fe::graph::Graph>(), nullptr, nullptr, nullptr};
+  // Named ahead (tests without a GPU), the frontend does not ask the device for it.
+  if (sm_version > 0) g.graph->set_sm_version(sm_version);
   g.graph->set_io_data_type(io_type(spec))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -85,6 +87,24 @@ std::shared_ptr<fe::graph::Tensor_attributes> apply_mask(fe::graph::Graph& graph
   }
   return bias;
 }
+
+/// The forward / backward graph of `spec`, nodes only (not validated or planned):
+/// build_forward_graph / build_backward_graph finish it for a handle. `sm_version`
+/// (e.g. 90) names the target instead of the current device's.
+std::shared_ptr<fe::graph::Graph> forward_graph(
+    const GraphSpec& spec, const std::shared_ptr<const ScoreModGraph>& score_mod,
+    int sm_version = 0);
+std::shared_ptr<fe::graph::Graph> backward_graph(
+    const GraphSpec& spec, const std::shared_ptr<const ScoreModGraph>& score_mod,
+    int sm_version = 0);
+
+/// Installs `g` on forward / backward SDPA attributes of `graph` (score_mod_graph.cpp):
+/// creates the captured tensors' inputs and the score_mod (and score_mod_bprop) subgraph
+/// builders.
+void set_score_mod(fe::graph::Graph& graph, fe::graph::SDPA_attributes& attributes,
+                   std::shared_ptr<const ScoreModGraph> g);
+void set_score_mod(fe::graph::Graph& graph, fe::graph::SDPA_backward_attributes& attributes,
+                   std::shared_ptr<const ScoreModGraph> g);
 
 /// Validates, lowers and plans `graph` (heuristics A, then the fallback list), throwing
 /// sdpa::Error with cuDNN's message when any step fails.

@@ -4,7 +4,8 @@
 
 #include "cudnn/graph_key.h"
 
-#include "cudnn/score_mod_lowering.h"
+#include "cudnn/native_score_mod.h"
+#include "cudnn/score_mod_graph.h"
 
 #include <bit>
 #include <sstream>
@@ -36,32 +37,53 @@ int64_t float_bits(double value) {
   return std::bit_cast<uint32_t>(static_cast<float>(value));
 }
 
-bool lower_mask(const AttentionParams& p, GraphSpec& s, Reasons& r) {
+// Lowers `program` as the call's score_mod subgraph.
+bool lower_program(const AttentionParams& p, std::shared_ptr<const flex::Program> program,
+                   bool additive, GraphSpec& s, Reasons& r, ScoreModCall* score_mod) {
+  std::shared_ptr<const ScoreModGraph> lowered = lower_score_mod_graph(p, *program, r, additive);
+  if (lowered == nullptr) return false;
+  s.has_score_mod = 1;
+  s.score_mod_fingerprint = static_cast<int64_t>(lowered->fingerprint);
+  if (score_mod != nullptr) *score_mod = {std::move(lowered), std::move(program)};
+  return true;
+}
+
+bool lower_mask(const AttentionParams& p, GraphSpec& s, Reasons& r, ScoreModCall* score_mod) {
   const MaskDescriptor& m = p.mask;
   bool ok = true;
   if (m.score_mod) {
-    // The lowering exists (score_mod_lowering.h, shown by explain); the backend takes
-    // score_mods once the lowered graphs have been checked against the golden on a GPU.
-    LoweredScoreMod lowered;
-    if (lower_score_mod(*m.score_mod, {p.batch, p.num_heads_q, p.q_len, p.kv_len}, lowered, r)) {
-      r.add("flex: the score_mod lowers to ", std::to_string(lowered.nodes.size()),
-            " cuDNN pointwise nodes, but running them is not enabled in this build");
+    // cuDNN turns its own masks off under a score_mod and adds a bias after it, where
+    // sdpa's score_mod reads the biased score.
+    if (!m.bands.empty() || m.has_documents() || !m.kv_lengths.empty() ||
+        !m.alibi_slopes.empty() || m.dense_kind != DenseMaskKind::kNone) {
+      r.add("flex: cuDNN takes a score_mod alone, without is_causal, windows, documents, "
+            "padding, ALiBi or attn_mask beside it");
+      ok = false;
     }
-    ok = false;
+    ok = lower_program(p, m.score_mod, false, s, r, score_mod) && ok;
   }
   if (m.block_mask) {
     r.add("flex: a BlockMask is not lowered to cuDNN in this build");
     ok = false;
   }
-  if (m.has_documents() || !m.kv_lengths.empty()) {
-    r.add("mask: packed documents and key padding are not lowered to cuDNN in this build");
-    ok = false;
-  }
-  if (!m.alibi_slopes.empty()) {
-    r.add("mask: ALiBi is not lowered to cuDNN in this build (cuDNN's ALiBi fixes the slopes)");
-    ok = false;
-  }
-  if (m.bands.size() > 1) {
+  // ALiBi, key padding and documents (with the bands beside them) become a score_mod:
+  // cuDNN's ALiBi fixes the slopes, and its padding and ragged layouts are not lowered.
+  const bool native = needs_native_score_mod(m);
+  if (native) {
+    if (m.dense_kind != DenseMaskKind::kNone) {
+      r.add("mask: ALiBi, key padding and documents reach cuDNN as a score_mod, which takes "
+            "no attn_mask beside it");
+      ok = false;
+    } else if (!m.alibi_slopes.empty() &&
+               static_cast<int64_t>(m.alibi_slopes.size()) != p.num_heads_q) {
+      r.add("mask: ALiBi needs one slope per query head");
+      ok = false;
+    } else if (std::shared_ptr<const flex::Program> program = native_score_mod(p, r)) {
+      ok = lower_program(p, std::move(program), true, s, r, score_mod) && ok;
+    } else {
+      ok = false;
+    }
+  } else if (m.bands.size() > 1) {
     r.add("mask: cuDNN takes one diagonal band, got ", std::to_string(m.bands.size()));
     ok = false;
   } else if (m.bands.size() == 1) {
@@ -134,14 +156,17 @@ Tensor bias_view(const AttentionParams& p) {
 }
 
 size_t GraphSpecHash::operator()(const GraphSpec& s) const {
-  // FNV-1a over the struct's bytes (all int64: no padding).
-  const auto* bytes = reinterpret_cast<const unsigned char*>(&s);
-  size_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < sizeof(s); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  return h;
+  // FNV-1a over the struct's int64 words (no padding), one multiply per word: the
+  // lookup runs on every call.
+  static_assert(sizeof(GraphSpec) % sizeof(int64_t) == 0);
+  int64_t words[sizeof(GraphSpec) / sizeof(int64_t)];
+  std::memcpy(words, &s, sizeof(s));
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t w : words) h = (h ^ static_cast<uint64_t>(w)) * 1099511628211ull;
+  return static_cast<size_t>(h ^ (h >> 32));
 }
 
-bool lower(const AttentionParams& p, GraphSpec& s, Reasons& r) {
+bool lower(const AttentionParams& p, GraphSpec& s, Reasons& r, ScoreModCall* score_mod) {
   bool ok = true;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
     r.add("dtype: cuDNN attention takes float16 and bfloat16, got ", std::string(dtype_name(p.dtype)));
@@ -179,7 +204,7 @@ bool lower(const AttentionParams& p, GraphSpec& s, Reasons& r) {
     r.add("dropout_position: cuDNN draws its own dropout mask, not sdpa's at a position");
     ok = false;
   }
-  return lower_mask(p, s, r) && ok;
+  return lower_mask(p, s, r, score_mod) && ok;
 }
 
 std::string describe(const GraphSpec& s) {
@@ -195,6 +220,7 @@ std::string describe(const GraphSpec& s) {
   }
   if (s.has_bias) os << " bias";
   if (s.dropout_bits) os << " dropout";
+  if (s.has_score_mod) os << " score_mod";
   return os.str();
 }
 

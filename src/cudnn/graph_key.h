@@ -6,11 +6,15 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "dispatch/backend_impl.h"
 
 namespace sdpa::cudnn {
+
+struct ScoreModGraph;
+struct ScoreModCall;
 
 /// A tensor's dims and element strides, [B, H, rows, cols].
 struct TensorSpec {
@@ -35,6 +39,8 @@ struct GraphSpec {
   int64_t scale_bits = 0;      // float bits of the score scale
   int64_t dropout_bits = 0;    // float bits of dropout p (0 without dropout)
   int64_t deterministic = 0;   // backward: deterministic dQ/dK/dV
+  int64_t has_score_mod = 0;
+  int64_t score_mod_fingerprint = 0;  // ScoreModGraph::fingerprint (programs and layouts)
 
   bool operator==(const GraphSpec& o) const { return std::memcmp(this, &o, sizeof(*this)) == 0; }
 };
@@ -43,9 +49,12 @@ struct GraphSpecHash {
   size_t operator()(const GraphSpec& s) const;
 };
 
-/// Lowers `params` to a GraphSpec. Returns false, adding the reason, when cuDNN's SDPA
-/// node cannot express the call (a mask kind, a layout, a dtype, ...).
-bool lower(const AttentionParams& params, GraphSpec& spec, Reasons& reasons);
+/// Lowers `params` to a GraphSpec, and to `score_mod` (when given) its flex score_mod or
+/// the native mask parts that reach cuDNN as one (ALiBi, native_score_mod.h). Returns
+/// false, adding the reason, when cuDNN's SDPA node cannot express the call (a mask kind,
+/// a layout, a dtype, ...).
+bool lower(const AttentionParams& params, GraphSpec& spec, Reasons& reasons,
+           ScoreModCall* score_mod = nullptr);
 
 /// The additive mask as cuDNN reads it: [B or 1, H or 1, L, S] (broadcast batch and head
 /// dimensions cut to one).

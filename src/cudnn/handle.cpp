@@ -24,10 +24,15 @@ void* cudnn_dlhandle = nullptr;
 namespace sdpa::cudnn {
 namespace {
 
+struct BoundHandle {
+  cudnnHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;  // the stream it was last bound to
+};
+
 struct Handles {
-  std::unordered_map<int, cudnnHandle_t> by_device;
+  std::unordered_map<int, BoundHandle> by_device;
   ~Handles() {
-    for (auto& [device, handle] : by_device) cudnn_frontend::detail::destroy_handle(handle);
+    for (auto& [device, bound] : by_device) cudnn_frontend::detail::destroy_handle(bound.handle);
   }
 };
 
@@ -65,10 +70,15 @@ cudnnHandle_t handle_for(int device, cudaStream_t stream) {
     cuda::detail::DeviceGuard guard(device);
     cudnnHandle_t handle = nullptr;
     check(cudnn_frontend::detail::create_handle(&handle), "cudnnCreate");
-    it = handles.by_device.emplace(device, handle).first;
+    check(cudnn_frontend::detail::set_stream(handle, stream), "cudnnSetStream");
+    it = handles.by_device.emplace(device, BoundHandle{handle, stream}).first;
   }
-  check(cudnn_frontend::detail::set_stream(it->second, stream), "cudnnSetStream");
-  return it->second;
+  // Rebinding costs a driver call per call; a thread keeps to one stream for long runs.
+  if (it->second.stream != stream) {
+    check(cudnn_frontend::detail::set_stream(it->second.handle, stream), "cudnnSetStream");
+    it->second.stream = stream;
+  }
+  return it->second.handle;
 }
 
 }  // namespace sdpa::cudnn

@@ -2,6 +2,7 @@
 
 #include "cudnn/score_mod_lowering.h"
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -59,10 +60,10 @@ int axis_of(Op op) {
 // A captured read t[i0][i1]... whose indices are distinct b/h/q_idx/kv_idx inputs becomes
 // a broadcast tensor; anything else would need a gather.
 bool lower_read(const flex::CompiledProgram& code, const flex::Instr& in,
-                const flex::Program& program, const std::array<int64_t, 4>& sizes,
+                const std::vector<flex::Captured>& captured, const std::array<int64_t, 4>& sizes,
                 LoweredNode& node, Reasons& r) {
-  const Tensor& t = program.captured()[static_cast<size_t>(in.slot)].tensor();
-  const std::string& name = program.captured()[static_cast<size_t>(in.slot)].name();
+  const Tensor& t = captured[static_cast<size_t>(in.slot)].tensor();
+  const std::string& name = captured[static_cast<size_t>(in.slot)].name();
   if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kFloat16 &&
       t.dtype() != DType::kBFloat16 && t.dtype() != DType::kInt32) {
     r.add("flex: captured tensor '", name, "' is ", std::string(dtype_name(t.dtype())),
@@ -71,6 +72,14 @@ bool lower_read(const flex::CompiledProgram& code, const flex::Instr& in,
   }
   node.kind = Kind::kTensor;
   node.slot = in.slot;
+  node.dtype = t.dtype();
+  // A host tensor is copied per call to a contiguous device tensor: cuDNN reads that.
+  const bool on_device = t.device().type == DeviceType::kCUDA;
+  std::vector<int64_t> strides(static_cast<size_t>(t.dim()));
+  for (int64_t d = t.dim() - 1, step = 1; d >= 0; --d) {
+    strides[static_cast<size_t>(d)] = on_device ? t.stride(d) : step;
+    step *= t.size(d);
+  }
   bool used[4] = {false, false, false, false};
   for (size_t i = 0; i < in.args.size(); ++i) {
     const int axis = axis_of(code.code[static_cast<size_t>(in.args[i])].op);
@@ -88,7 +97,7 @@ bool lower_read(const flex::CompiledProgram& code, const flex::Instr& in,
     }
     used[axis] = true;
     node.dims[axis] = sizes[axis];
-    node.strides[axis] = t.stride(static_cast<int64_t>(i));
+    node.strides[axis] = strides[i];
   }
   return true;
 }
@@ -115,11 +124,18 @@ const char* pointwise_name(PointwiseOp op) {
 
 bool lower_score_mod(const flex::Program& program, const std::array<int64_t, 4>& sizes,
                      LoweredScoreMod& lowered, Reasons& r) {
-  const flex::CompiledProgram& code = *program.compiled();
   if (program.is_mask()) {
     r.add("flex: a mask_mod is not a score_mod");
     return false;
   }
+  const flex::CompiledProgram& code = *program.compiled();
+  return lower_instructions(code, code.result, program.captured(), sizes, lowered, r);
+}
+
+bool lower_instructions(const flex::CompiledProgram& code, int32_t result,
+                        const std::vector<flex::Captured>& captured,
+                        const std::array<int64_t, 4>& sizes, LoweredScoreMod& lowered,
+                        Reasons& r) {
   for (int64_t extent : sizes) {
     if (extent > kInt32Max) {
       r.add("flex: cuDNN generates int32 indices; the call has a dimension of ",
@@ -128,11 +144,21 @@ bool lower_score_mod(const flex::Program& program, const std::array<int64_t, 4>&
     }
   }
   lowered = LoweredScoreMod{};
-  lowered.nodes.reserve(code.code.size());
+  lowered.nodes.resize(code.code.size());
+  // Instructions are in dependency order: walking back from the result marks what it reads.
+  std::vector<bool> live(code.code.size(), false);
+  live[static_cast<size_t>(result)] = true;
+  for (size_t i = code.code.size(); i-- > 0;) {
+    if (!live[i]) continue;
+    for (int32_t a : code.code[i].args) live[static_cast<size_t>(a)] = true;
+  }
   bool ok = true;
-  for (const flex::Instr& in : code.code) {
-    LoweredNode node;
+  for (size_t i = 0; i < code.code.size(); ++i) {
+    const flex::Instr& in = code.code[i];
+    LoweredNode& node = lowered.nodes[i];
+    node.live = live[i];
     node.type = in.type;
+    if (!node.live) continue;
     if (in.op == Op::kScore) {
       node.kind = Kind::kScore;
     } else if (axis_of(in.op) >= 0) {
@@ -145,9 +171,12 @@ bool lower_score_mod(const flex::Program& program, const std::array<int64_t, 4>&
         r.add("flex: the integer constant ", std::to_string(in.constant),
               " does not fit cuDNN's int32");
         ok = false;
+      } else if (in.type == flex::ValueType::kBool) {
+        r.add("flex: a boolean constant has no cuDNN scalar form");
+        ok = false;
       }
     } else if (in.op == Op::kRead) {
-      ok = lower_read(code, in, program, sizes, node, r) && ok;
+      ok = lower_read(code, in, captured, sizes, node, r) && ok;
     } else if (op_of(in.op, node.op)) {
       node.kind = Kind::kOp;
       node.args = in.args;
@@ -156,10 +185,29 @@ bool lower_score_mod(const flex::Program& program, const std::array<int64_t, 4>&
             "floor division and modulo round negative operands differently)");
       ok = false;
     }
-    lowered.nodes.push_back(std::move(node));
   }
-  lowered.result = code.result;
+  lowered.result = result;
   return ok;
+}
+
+uint64_t LoweredScoreMod::fingerprint() const {
+  uint64_t h = 1469598103934665603ull;
+  const auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  mix(static_cast<uint64_t>(result));
+  for (const LoweredNode& n : nodes) {
+    mix(n.live);
+    if (!n.live) continue;
+    mix(static_cast<uint64_t>(n.kind) | static_cast<uint64_t>(n.type) << 8 |
+        static_cast<uint64_t>(n.op) << 16 | static_cast<uint64_t>(n.dtype) << 24);
+    mix(static_cast<uint64_t>(n.axis));
+    mix(std::bit_cast<uint64_t>(n.constant));
+    mix(static_cast<uint64_t>(n.slot));
+    for (int64_t d : n.dims) mix(static_cast<uint64_t>(d));
+    for (int64_t s : n.strides) mix(static_cast<uint64_t>(s));
+    for (int32_t a : n.args) mix(static_cast<uint64_t>(a));
+    mix(n.args.size());
+  }
+  return h;
 }
 
 std::string LoweredScoreMod::to_string() const {
@@ -167,6 +215,7 @@ std::string LoweredScoreMod::to_string() const {
   std::ostringstream os;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const LoweredNode& n = nodes[i];
+    if (!n.live) continue;
     os << '%' << i << " = ";
     switch (n.kind) {
       case Kind::kScore: os << "score"; break;

@@ -34,20 +34,28 @@ struct LoweredNode {
   int axis = -1;          ///< kIndex: 0 batch, 1 head, 2 q_idx, 3 kv_idx
   double constant = 0.0;  ///< kConstant
   int slot = -1;          ///< kTensor: the program's captured tensor
+  DType dtype = DType::kFloat32;  ///< kTensor: its element type
   /// kTensor: the captured tensor as a [B, H, L, S]-broadcast view (dims 1 and strides 0
-  /// on the axes it is not indexed by).
+  /// on the axes it is not indexed by), with the strides of the device copy cuDNN reads
+  /// (the tensor's own on CUDA, contiguous ones for a host tensor copied per call).
   std::array<int64_t, 4> dims{1, 1, 1, 1};
   std::array<int64_t, 4> strides{0, 0, 0, 0};
   PointwiseOp op = PointwiseOp::kIdentity;  ///< kOp
   std::vector<int32_t> args;                ///< kOp: earlier nodes (kSelect: cond, a, b)
+  /// Whether the result depends on this node (a derived program computes more outputs
+  /// than the one lowered; the others are not built).
+  bool live = true;
 };
 
 /// A lowered program: nodes in dependency order, `result` the new score.
 struct LoweredScoreMod {
   std::vector<LoweredNode> nodes;
   int32_t result = -1;
-  /// One node per line: "%3 = SUB(%1, %2)  int", "%1 = GEN_INDEX(axis 2)  int".
+  /// One node per live line: "%3 = SUB(%1, %2)  int", "%1 = GEN_INDEX(axis 2)  int".
   std::string to_string() const;
+  /// A 64-bit hash of everything the built subgraph depends on (nodes, constants, tensor
+  /// dims, strides and types): part of the graph cache's key.
+  uint64_t fingerprint() const;
 };
 
 /// Lowers score_mod `program` for a call of sizes [B, Hq, L, S]. Returns false, adding
@@ -57,5 +65,12 @@ struct LoweredScoreMod {
 /// than the call or of float64/int64 elements, and sizes or constants beyond int32.
 bool lower_score_mod(const flex::Program& program, const std::array<int64_t, 4>& sizes,
                      LoweredScoreMod& lowered, Reasons& reasons);
+
+/// The same for instruction `result` of a compiled program reading `captured` (a derived
+/// gradient program): only the instructions `result` depends on are lowered.
+bool lower_instructions(const flex::CompiledProgram& code, int32_t result,
+                        const std::vector<flex::Captured>& captured,
+                        const std::array<int64_t, 4>& sizes, LoweredScoreMod& lowered,
+                        Reasons& reasons);
 
 }  // namespace sdpa::cudnn
