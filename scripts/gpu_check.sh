@@ -5,9 +5,14 @@
 #     kernels sdpa owns);
 #   - the host time per call by stage (bench/cuda_host_overhead.cpp);
 #   - the Python CUDA tests (torch is the reference; torch.compile and a transformers
-#     model on the GPU) and bench/compare_torch_cuda.py.
+#     model on the GPU; flex score_mods on cuDNN), bench/compare_torch_cuda.py and
+#     bench/compare_flex_cuda.py (flex on cuDNN against torch's compiled flex_attention).
 #
 #   bash scripts/gpu_check.sh [--quick]     # logs in $GPU_CHECK_OUT (build/gpu-check)
+#   GPU_CHECK_SKIP="memcheck bench" bash scripts/gpu_check.sh   # leaves those steps out
+#   GPU_CHECK_TARGETS=sdpa_cuda_tests ...                       # builds only those targets
+#   GPU_CHECK_GTEST_FILTER='CudnnFlex*' GPU_CHECK_PYTESTS=python/tests/test_cuda_flex.py \
+#     bash scripts/gpu_check.sh                                   # a subset of the tests
 #
 # It builds the CUDA parts first (the C++ tests and the Python extension). Offline GPU
 # machines: run scripts/gpu_deps.sh where there is network and bring .gpu-deps/ and
@@ -24,6 +29,10 @@ status=0
 step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records the result and time
   local name=$1; shift
   local t0=$SECONDS code=0
+  if [[ " ${GPU_CHECK_SKIP:-} " == *" $name "* ]]; then
+    rows+=("| $name | skipped (GPU_CHECK_SKIP) | 0 s |")
+    return 0
+  fi
   "$@" >"$out/$name.log" 2>&1 || code=$?
   if [ "$code" -eq 0 ]; then
     rows+=("| $name | pass | $((SECONDS - t0)) s |")
@@ -55,8 +64,9 @@ step configure cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSDP
   -DSDPA_CUDNN=ON -DSDPA_BUILD_PYTHON=ON -DSDPA_BUILD_BENCH=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${SDPA_GPU_ARCHS:-native}" \
   -DCMAKE_PREFIX_PATH="$prefix_path" -DPython_EXECUTABLE="$(command -v python3)"
-step build cmake --build build/gpu --target sdpa_cuda_tests _C sdpa_cuda_host_overhead
-step cpp_tests "$bin/sdpa_cuda_tests" --gtest_output="json:$out/cpp_tests.json"
+step build cmake --build build/gpu --target ${GPU_CHECK_TARGETS:-sdpa_cuda_tests _C sdpa_cuda_host_overhead}
+step cpp_tests "$bin/sdpa_cuda_tests" --gtest_output="json:$out/cpp_tests.json" \
+  --gtest_filter="${GPU_CHECK_GTEST_FILTER:-*}"
 # memcheck slows kernels ~50x: the MATH kernels (every kernel sdpa owns), one cuDNN call,
 # streams and device memory.
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/sdpa_cuda_tests" \
@@ -71,8 +81,11 @@ cp build/gpu/python/_C*.so "$stage/sdpa/" 2>/dev/null
 export PYTHONPATH="$root/$stage:${PYTHONPATH:-}"
 # pytest-xdist, where installed, keeps one crashing test from ending the run.
 xdist=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 4")
-step py_tests python3 -m pytest -q -rs $xdist python/tests/test_cuda.py python/tests/test_cuda_models.py -p no:cacheprovider
+pytests=${GPU_CHECK_PYTESTS:-python/tests/test_cuda.py python/tests/test_cuda_models.py python/tests/test_cuda_flex.py}
+# shellcheck disable=SC2086  # a list of files
+step py_tests python3 -m pytest -q -rs $xdist $pytests -p no:cacheprovider
 step bench python3 bench/compare_torch_cuda.py ${quick:+--quick} --json "$out/bench.json"
+step flex_bench python3 bench/compare_flex_cuda.py ${quick:+--quick} --json "$out/flex_bench.json"
 
 echo
 echo "## GPU check: $(cat "$out/gpu.txt")"
@@ -85,4 +98,5 @@ cat "$out/host_overhead.log" 2>/dev/null
 grep -E "^(FAILED|ERROR)" "$out/py_tests.log" 2>/dev/null | head -n 30
 tail -n 1 "$out/py_tests.log" 2>/dev/null
 [ -f "$out/bench.log" ] && tail -n 32 "$out/bench.log"
+[ -f "$out/flex_bench.log" ] && tail -n 24 "$out/flex_bench.log"
 exit $status
