@@ -58,4 +58,9 @@ struct GraphCacheStats {
 };
 GraphCacheStats cudnn_graph_cache_stats();
 
+/// The run-time compiler of flex programs for the CUDA kernels: "NVRTC 13.0; cache
+/// <folder>" (compiled code is kept there by program hash), or why NVRTC is missing, or
+/// that CUDA is not built.
+std::string runtime_compiler_description();
+
 }  // namespace sdpa::cuda

@@ -65,6 +65,7 @@ std::string info_text() {
     os << "\ncudnn backend: " << (cuda::cudnn_is_built() ? "built" : "not built")
        << "; graph cache " << g.size << "/" << g.capacity << " graphs, " << g.hits << " hits, "
        << g.misses << " misses";
+    os << "\nflex programs for CUDA kernels: " << cuda::runtime_compiler_description();
   }
   os << "\n";
   const std::vector<LoadedBackend> plugins = loaded_backends();

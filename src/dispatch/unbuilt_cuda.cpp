@@ -18,6 +18,7 @@ int device_count() { return 0; }
 bool is_available() { return false; }
 std::string unavailable_reason() { return kNotBuilt; }
 std::string device_description(int) { not_built("device_description"); }
+std::string runtime_compiler_description() { return kNotBuilt; }
 Tensor empty(const Shape&, DType, int, Stream) { not_built("cuda::empty"); }
 Tensor to_device(const Tensor&, Device, Stream) { not_built("cuda::to_device"); }
 void synchronize(Stream) { not_built("cuda::synchronize"); }
