@@ -24,6 +24,13 @@ const Device kCuda{DeviceType::kCUDA, 0};
 
 Tensor to_cpu(const Tensor& t) { return sdpa::cuda::to_device(t, Device{}); }
 
+FwdBwd to_cpu(FwdBwd r) {
+  for (Tensor* t : {&r.fwd.out, &r.fwd.lse, &r.grads.grad_q, &r.grads.grad_k, &r.grads.grad_v}) {
+    *t = to_cpu(*t);
+  }
+  return r;
+}
+
 // Distinct positive ALiBi-like slopes, float32 [heads].
 Tensor slopes(int64_t heads, uint64_t seed) {
   Tensor t = Tensor::empty({heads}, DType::kFloat32);
@@ -87,11 +94,7 @@ void check_mod(const std::string& name, const Program& mod, const Program& host_
   FwdBwd tested = run_flex(SDPBackend::CUDNN_ATTENTION, gpu(q), gpu(k), gpu(v), gpu(grad_out), mod, gqa);
   EXPECT_EQ(tested.fwd.backend, SDPBackend::CUDNN_ATTENTION);
   EXPECT_EQ(tested.grads.backend, SDPBackend::CUDNN_ATTENTION);
-  tested.fwd.out = to_cpu(tested.fwd.out);
-  tested.fwd.lse = to_cpu(tested.fwd.lse);
-  tested.grads.grad_q = to_cpu(tested.grads.grad_q);
-  tested.grads.grad_k = to_cpu(tested.grads.grad_k);
-  tested.grads.grad_v = to_cpu(tested.grads.grad_v);
+  tested = to_cpu(tested);
   expect_matches_golden(tested, golden, naive, c.dtype);
 }
 
@@ -246,11 +249,7 @@ TEST_P(CudnnNativeMask, RunsOnCudnnAndMatchesTheCpuGolden) {
   }
   FwdBwd tested = run_fwd_bwd(SDPBackend::CUDNN_ATTENTION, gpu(q), gpu(k), gpu(v), gpu(grad_out), o);
   EXPECT_EQ(tested.fwd.backend, SDPBackend::CUDNN_ATTENTION);
-  tested.fwd.out = to_cpu(tested.fwd.out);
-  tested.fwd.lse = to_cpu(tested.fwd.lse);
-  tested.grads.grad_q = to_cpu(tested.grads.grad_q);
-  tested.grads.grad_k = to_cpu(tested.grads.grad_k);
-  tested.grads.grad_v = to_cpu(tested.grads.grad_v);
+  tested = to_cpu(tested);
   expect_matches_golden(tested, golden, naive, DType::kBFloat16);
 }
 
