@@ -207,12 +207,13 @@ CompiledModule compile_cubin(const std::string& source, int arch) {
   return {cubin, from_disk};
 }
 
+// Loads nothing: NVRTC is a large library, and which copy a process finds first can differ
+// (torch's wheel may have loaded its own), so info stays the same in every process.
 std::string runtime_compiler_description() {
-  if (!nvrtc().error.empty()) return nvrtc().error;
-  const int version = nvrtc_version();
   const std::string dir = nvrtc_cache_dir();
-  return "NVRTC " + std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10) +
-         "; cache " + (dir.empty() ? "in memory only (no SDPA_CACHE_DIR, XDG_CACHE_HOME or HOME)" : dir);
+  return "NVRTC (libnvrtc.so.13 or .12, loaded on first use); cache " +
+         (dir.empty() ? std::string("in memory only (no SDPA_CACHE_DIR, XDG_CACHE_HOME or HOME)")
+                      : dir);
 }
 
 }  // namespace sdpa::cuda
