@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/fnv.h"
 #include "sdpa/cuda.h"
 #include "sdpa/error.h"
 
@@ -181,9 +182,10 @@ std::string nvrtc_cache_dir() {
 }
 
 uint64_t source_hash(const std::string& text, int arch) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return (h ^ static_cast<uint64_t>(arch)) * 1099511628211ull;
+  sdpa::detail::Fnv1a hash;
+  hash.bytes(text);
+  hash.word(static_cast<uint64_t>(arch));
+  return hash.value;
 }
 
 CompiledModule compile_cubin(const std::string& source, int arch) {

@@ -4,6 +4,7 @@
 
 #include "cudnn/graph_key.h"
 
+#include "core/fnv.h"
 #include "cudnn/native_score_mod.h"
 #include "cudnn/score_mod_graph.h"
 
@@ -161,9 +162,9 @@ size_t GraphSpecHash::operator()(const GraphSpec& s) const {
   static_assert(sizeof(GraphSpec) % sizeof(int64_t) == 0);
   int64_t words[sizeof(GraphSpec) / sizeof(int64_t)];
   std::memcpy(words, &s, sizeof(s));
-  uint64_t h = 1469598103934665603ull;
-  for (int64_t w : words) h = (h ^ static_cast<uint64_t>(w)) * 1099511628211ull;
-  return static_cast<size_t>(h ^ (h >> 32));
+  sdpa::detail::Fnv1a hash;
+  for (int64_t w : words) hash.word(static_cast<uint64_t>(w));
+  return static_cast<size_t>(hash.value ^ (hash.value >> 32));
 }
 
 bool lower(const AttentionParams& p, GraphSpec& s, Reasons& r, ScoreModCall* score_mod) {

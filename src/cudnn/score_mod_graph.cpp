@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/fnv.h"
 #include "cudnn/graph_build.h"
 #include "cudnn/graph_cache.h"
 #include "flex/autodiff.h"
@@ -122,7 +123,8 @@ std::shared_ptr<const ScoreModGraph> lower_uncached(const AttentionParams& p,
           "end in a mask select gave a wrong grad_v (H200, cuDNN 9.19); not used");
     return nullptr;
   }
-  uint64_t fingerprint = g->forward.fingerprint();
+  sdpa::detail::Fnv1a fingerprint;
+  fingerprint.word(g->forward.fingerprint());
   if (p.backward && ok && additive) {
     g->derivative_is_one = true;
   } else if (p.backward && ok) {
@@ -139,9 +141,9 @@ std::shared_ptr<const ScoreModGraph> lower_uncached(const AttentionParams& p,
     g->derivative_input = add_inputs(g->derivative, d.captured, program.captured(), *g);
     const LoweredNode& d_result = g->derivative.nodes[static_cast<size_t>(g->derivative.result)];
     g->derivative_is_one = d_result.kind == Kind::kConstant && d_result.constant == 1.0;
-    fingerprint = fingerprint * 1099511628211ull ^ g->derivative.fingerprint();
+    fingerprint.word(g->derivative.fingerprint());
   }
-  g->fingerprint = fingerprint;
+  g->fingerprint = fingerprint.value;
   return ok ? g : nullptr;
 }
 

@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "core/fnv.h"
 #include "flex/node.h"
 
 namespace sdpa::cudnn {
@@ -191,8 +192,8 @@ bool lower_instructions(const flex::CompiledProgram& code, int32_t result,
 }
 
 uint64_t LoweredScoreMod::fingerprint() const {
-  uint64_t h = 1469598103934665603ull;
-  const auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  sdpa::detail::Fnv1a hash;
+  const auto mix = [&hash](uint64_t v) { hash.word(v); };
   mix(static_cast<uint64_t>(result));
   for (const LoweredNode& n : nodes) {
     mix(n.live);
@@ -207,7 +208,7 @@ uint64_t LoweredScoreMod::fingerprint() const {
     for (int32_t a : n.args) mix(static_cast<uint64_t>(a));
     mix(n.args.size());
   }
-  return h;
+  return hash.value;
 }
 
 std::string LoweredScoreMod::to_string() const {
