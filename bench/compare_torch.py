@@ -252,6 +252,7 @@ def host() -> dict:
     except OSError:
         pass
     return {"cpu_model": model, "cpu_capability": sdpa.backends.cpu.get_cpu_capability(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "avx512_bf16": "avx512_bf16" in flags, "threads": torch.get_num_threads()}
 
 

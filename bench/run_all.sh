@@ -11,6 +11,10 @@
 #   SDPA_PYTHON         interpreter for compare_torch.py (default python3); it needs torch
 #                       and the sdpa package, else that benchmark is skipped with a note
 #   SDPA_BENCH_THREADS  threads for every benchmark (default: all cores)
+#   SDPA_CPU_CAPABILITY run sdpa's kernels at a lower level (AVX2, DEFAULT); torch then runs
+#                       at the same level unless set otherwise: ATEN_CPU_CAPABILITY for its
+#                       own kernels, ONEDNN_MAX_CPU_ISA for the GEMMs it hands to oneDNN.
+#                       Name such a run's HOST_KIND after the level, e.g. amd-zen5-avx2-level.
 set -euo pipefail
 
 if [[ $# -ne 1 || ! $1 =~ ^[a-z0-9][a-z0-9._-]*$ ]]; then
@@ -30,6 +34,13 @@ done
 mkdir -p "$out"
 rm -f "$out"/*.json  # one run's results per host kind; older ones live in git history
 export OMP_NUM_THREADS=$threads
+if [[ -n ${SDPA_CPU_CAPABILITY:-} ]]; then
+  export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-${SDPA_CPU_CAPABILITY,,}}
+  case ${SDPA_CPU_CAPABILITY} in
+    AVX2) export ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-AVX2} ;;
+    DEFAULT) export ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-SSE41} ;;
+  esac
+fi
 sdpa=$build/tools/sdpa
 
 step() { echo "== $*" >&2; }

@@ -7,7 +7,10 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <vector>
+
+#include "sdpa/backend.h"
 
 namespace sdpa::cli {
 namespace {
@@ -118,17 +121,23 @@ double copy_bandwidth() {
 MachinePeak measure_peak() {
   MachinePeak peak;
   peak.threads = omp_get_max_threads();
-  if (__builtin_cpu_supports("avx512f")) {
+  // The probe runs at the level the kernels run at (SDPA_CPU_CAPABILITY may lower it), so
+  // "% of peak" compares each kernel with the instructions it was allowed to use.
+  const std::string level = backends::cpu::get_cpu_capability();
+  if (level == "AVX512") {
     peak.fp32_isa = "AVX-512";
     peak.fp32_gflops = parallel_rate(fma_avx512) / 1e9;
-  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  } else if (level == "AVX2") {
     peak.fp32_isa = "AVX2";
     peak.fp32_gflops = parallel_rate(fma_avx2) / 1e9;
   } else {
     peak.fp32_isa = "scalar";
     peak.fp32_gflops = parallel_rate(fma_scalar) / 1e9;
   }
-  if (__builtin_cpu_supports("avx512bf16")) peak.bf16_gflops = parallel_rate(dot_bf16) / 1e9;
+  // The vdpbf16ps kernels run only at the AVX-512 level.
+  if (level == "AVX512" && __builtin_cpu_supports("avx512bf16")) {
+    peak.bf16_gflops = parallel_rate(dot_bf16) / 1e9;
+  }
   peak.copy_gbps = copy_bandwidth() / 1e9;
   return peak;
 }

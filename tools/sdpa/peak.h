@@ -19,8 +19,9 @@ struct MachinePeak {
 };
 
 /// Runs the probes on every OpenMP thread (best of 3 rounds each, under a second in all):
-/// independent FMA chains (more than the FMA latency x ports, so the units never wait),
-/// independent vdpbf16ps chains, and a parallel memcpy.
+/// independent FMA chains (more than the FMA latency x ports, so the units never wait) of
+/// the kernels' active level (get_cpu_capability(), which SDPA_CPU_CAPABILITY can lower),
+/// independent vdpbf16ps chains at the AVX-512 level, and a parallel memcpy.
 MachinePeak measure_peak();
 
 }  // namespace sdpa::cli
