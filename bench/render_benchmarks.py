@@ -51,8 +51,9 @@ What is measured:
 - **GFLOP/s** follow FlashAttention's convention: the forward counts 4·B·Hq·L·S·E
   floating-point operations (q·kᵀ and P·v), halved when causal; the backward counts 2.5x
   the forward.
-- **Machine limits** (`sdpa bench --peak-only`): fp32 FMA throughput of the widest vector
-  ISA, bf16 dot throughput (`vdpbf16ps`, only on CPUs with avx512_bf16) and the bandwidth
+- **Machine limits** (`sdpa bench --peak-only`): fp32 FMA throughput of the vector ISA
+  the kernels run at (the widest the CPU has, or the level `SDPA_CPU_CAPABILITY` sets), bf16
+  dot throughput (`vdpbf16ps`, only at the AVX-512 level on CPUs with avx512_bf16) and the bandwidth
   of a 256 MiB memcpy split over the threads, counting bytes read plus written. "% of
   peak" compares a row with the fp32 limit, or with the bf16 limit for bfloat16 rows where
   the CPU has one (float16 computes in float32).
@@ -215,7 +216,20 @@ def render_paged_decode(doc: dict) -> list[str]:
                 [[cfg["page_size"], fmt_ms(r["paged_ms"]), fmt_ms(r["contiguous_ms"]),
                   f"{over_contiguous:.3f}", "✓" if over_contiguous <= 1.1 else "✗",
                   fmt(r["paged_gbps"], 1), fmt(r["copy_gbps"], 1), f"{over_copy:.2f}",
-                  "✓" if over_copy >= 0.8 else "✗"]]) + [""])
+                  "✓" if over_copy >= 0.8 else "✗"]]) + render_float8_decode(r))
+
+
+def render_float8_decode(r: dict) -> list[str]:
+    """The float8_e4m3fn cache row of a paged decode run (runs before it had none)."""
+    if "float8_ms" not in r:
+        return [""]
+    speedup = r["float8_speedup"]
+    return [""] + para(
+        "The same pages as a float8_e4m3fn cache (half the bytes; scales 1), timed in the "
+        "same rounds. Target: at least 1.6x the bfloat16 cache's speed.") + table(
+        ["bfloat16 paged ms", "float8 paged ms", "bfloat16 / float8 time", "≥ 1.6"],
+        [[fmt_ms(r["paged_ms"]), fmt_ms(r["float8_ms"]), f"{speedup:.2f}",
+          "✓" if speedup >= 1.6 else "✗"]]) + [""]
 
 
 def render_chunked_prefill(doc: dict) -> list[str]:
@@ -400,8 +414,10 @@ def render_host(kind: str, docs: dict[str, dict]) -> list[str]:
     if set(docs) == {"compare_torch_cuda"}:  # a GPU host: its file describes the device
         return [f"## {kind}", ""] + render_compare_torch_cuda(docs["compare_torch_cuda"])
     h = host_of(docs)
+    torch_level = (f", torch's at the {h['torch_cpu_capability']} level"
+                   if "torch_cpu_capability" in h else "")
     out = [f"## {kind}", ""] + para(
-        f"{h['cpu_model']}; sdpa kernels at the {h['cpu_capability']} level, "
+        f"{h['cpu_model']}; sdpa kernels at the {h['cpu_capability']} level{torch_level}, "
         f"avx512_bf16 {yes_no(h['avx512_bf16'])}, {h['threads']} threads.")
     if "compare_torch" not in docs:
         out += para("(No comparison with torch in this run: `bench/run_all.sh` skips it "

@@ -8,7 +8,11 @@
 namespace sdpa {
 
 /// Element type of a Tensor. Half types are stored as 16 bits and computed in float32.
-enum class DType : uint8_t { kFloat32, kFloat64, kBFloat16, kFloat16, kBool, kInt32, kInt64 };
+/// float8_e4m3fn is a storage type for quantized KV caches (attention_with_kvcache), not an
+/// attention input dtype.
+enum class DType : uint8_t {
+  kFloat32, kFloat64, kBFloat16, kFloat16, kBool, kInt32, kInt64, kFloat8E4M3FN
+};
 
 /// Bytes per element.
 size_t element_size(DType dtype);
@@ -16,7 +20,7 @@ size_t element_size(DType dtype);
 std::string_view dtype_name(DType dtype);
 /// Parses a dtype_name(); throws sdpa::Error for unknown names.
 DType parse_dtype(std::string_view name);
-/// True for float32, float64, bfloat16 and float16.
+/// True for float32, float64, bfloat16 and float16 (the attention input dtypes).
 bool is_floating(DType dtype);
 
 /// Kind of memory a Tensor lives in. Values match DLPack's DLDeviceType.
@@ -59,6 +63,18 @@ struct float16 {
   uint16_t bits = 0;
   float16() = default;
   explicit float16(float f);
+  explicit operator float() const;
+};
+
+/// FP8 E4M3 storage as in the OCP 8-bit floating point spec and torch.float8_e4m3fn ("fn":
+/// finite, no infinities): 1 sign, 4 exponent (bias 7) and 3 mantissa bits, largest
+/// finite value 448, smallest subnormal 2^-9; S.1111.111 is NaN. Conversion from float
+/// rounds to nearest even and saturates to +-448 (as vLLM's and llama.cpp's KV-cache
+/// quantizers do; torch's cast gives NaN past 448); NaN stays NaN.
+struct float8_e4m3fn {
+  uint8_t bits = 0;
+  float8_e4m3fn() = default;
+  explicit float8_e4m3fn(float f);
   explicit operator float() const;
 };
 

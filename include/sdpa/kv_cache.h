@@ -27,11 +27,18 @@ struct KvCacheOptions : SequenceOptions {
   /// k_cache [num_pages, page_size, Hkv, E] / v_cache [num_pages, page_size, Hkv, Ev].
   /// Pages are read and written in place. Undefined: contiguous [B, S_max, ...] caches.
   Tensor block_table;
+  /// float8_e4m3fn caches (k_cache and v_cache both): the dequantization scales, float32
+  /// [] or [Hkv]: element x of kv head h of k_cache means float(x) * k_scale[h] (v_scale
+  /// for v_cache). k_new / v_new then have q's dtype and are stored as float8_e4m3fn(x /
+  /// scale[h]), rounded to nearest even and saturated to +-448 (vLLM's and llama.cpp's
+  /// quantized KV caches). Undefined: 1. Refused for caches of other dtypes.
+  Tensor k_scale, v_scale;
 };
 
 /// Attention of q against a KV cache (flash-attn's flash_attn_with_kvcache).
 ///   q [B, L, Hq, E]; k_cache [B, S_max, Hkv, E], v_cache [B, S_max, Hkv, Ev] of q's dtype
-///   (float32, bfloat16 or float16; any strides); cache_seqlens int32 [B]: the valid
+///   (float32, bfloat16 or float16; any strides), or both float8_e4m3fn with the options'
+///   k_scale / v_scale (a quantized cache, read in place); cache_seqlens int32 [B]: the valid
 ///   length of each sequence's cache. Hq % Hkv == 0 (GQA). With options.block_table the
 ///   caches are page pools [num_pages, page_size, Hkv, E/Ev] instead (paged KV cache:
 ///   every row below is found through the table; pages are read and written in place).
@@ -57,12 +64,14 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
 /// append_paged_kv_cache, one run of positions per sequence): k_new [B, L_new, Hkv, E] and
 /// v_new [B, L_new, Hkv, Ev] go to positions [positions[b], positions[b] + L_new) of
 /// sequence b, through block_table int32 [B, max_pages] into the page pools k_cache
-/// [num_pages, page_size, Hkv, E] / v_cache [num_pages, page_size, Hkv, Ev] (same dtype).
-/// positions: int32 [B]. Throws sdpa::Error naming the argument for shapes, dtypes,
+/// [num_pages, page_size, Hkv, E] / v_cache [num_pages, page_size, Hkv, Ev] (k_new's
+/// dtype, or float8_e4m3fn: then quantized with k_scale / v_scale as in KvCacheOptions).
+/// positions: int32 [B]. Throws sdpa::Error naming the argument for shapes, dtypes, scales,
 /// positions past the capacity or table entries outside the pool, before writing anything.
 void append_paged_kv_cache(const Tensor& k_new, const Tensor& v_new, const Tensor& k_cache,
                            const Tensor& v_cache, const Tensor& block_table,
-                           const Tensor& positions);
+                           const Tensor& positions, const Tensor& k_scale = {},
+                           const Tensor& v_scale = {});
 
 /// Applies rotary position embedding (RoPE; Su et al., "RoFormer", 2021) to x [B, L, H, E]
 /// in place: row (b, i) at position positions[b] + i (position_step 1) or positions[b]

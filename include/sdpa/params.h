@@ -100,6 +100,13 @@ struct KvPages {
   Tensor k_pool, v_pool;  ///< the pools the views point into (kept alive)
 };
 
+/// How the kernels read a float8_e4m3fn KV cache (k / v of that dtype, q of another): key
+/// element x of kv head hk is float(x) * k_scale[hk], value element x is float(x) *
+/// v_scale[hk]. Set only by the serving entry points (attention_with_kvcache).
+struct KvDequant {
+  std::vector<float> k_scale, v_scale;  ///< [Hkv] each
+};
+
 /// The largest size of any query/key/value dimension: 2^62, far above any memory (inputs
 /// may be broadcast views); kernels round sizes up to tiles without overflowing below it.
 inline constexpr int64_t kMaxAttentionExtent = int64_t{1} << 62;
@@ -141,6 +148,8 @@ struct AttentionParams {
   void* stream = nullptr;
   /// k / v read through a page table (KvPages); null for ordinary strided k / v.
   std::shared_ptr<const KvPages> kv_pages;
+  /// k / v are a float8_e4m3fn cache read through these scales; null otherwise.
+  std::shared_ptr<const KvDequant> kv_dequant;
 
   int64_t group_size() const { return num_heads_kv == 0 ? 1 : num_heads_q / num_heads_kv; }
   bool has_dropout() const { return dropout.p > 0.0; }

@@ -34,7 +34,8 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cache_seqlens: An
                            causal: bool = False, window_size: tuple = (-1, -1),
                            alibi_slopes: Optional[Sequence[float]] = None,
                            softcap: float = 0.0, scale: Optional[float] = None,
-                           return_lse: bool = False, block_table: Any = None) -> Any:
+                           return_lse: bool = False, block_table: Any = None,
+                           k_scale: Any = None, v_scale: Any = None) -> Any:
     """Attention of ``q`` against a KV cache, appending ``k_new``/``v_new`` in place first.
 
     q [B, L, Hq, E]; k_cache [B, S_max, Hkv, E] and v_cache [B, S_max, Hkv, Ev] of q's
@@ -55,12 +56,20 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cache_seqlens: An
     sequence b's position j is row j % page_size of page block_table[b][j // page_size];
     pages are read and written in place, and each sequence holds up to max_pages *
     page_size positions.
+
+    Quantized cache (vLLM's ``kv_cache_dtype="fp8"``, llama.cpp's quantized KV): k_cache
+    and v_cache of dtype float8_e4m3fn (torch.float8_e4m3fn), with ``k_scale`` /
+    ``v_scale`` float32 scalars or [Hkv] (default 1): element x of kv head h reads as
+    float(x) * scale[h], and k_new / v_new (q's dtype) are stored as x / scale[h] rounded
+    to nearest even and saturated to +-448. The cache is read in place, half the bytes of
+    a bfloat16 one.
     """
     batch = getattr(q, "shape", (0,))[0]
     out, lse, _ = _C.attention_with_kvcache(
         q, k_cache, v_cache, _seqlens(cache_seqlens, batch), k_new, v_new, rotary_cos,
         rotary_sin, bool(rotary_interleaved),
-        *_sequence_args(causal, window_size, alibi_slopes, softcap, scale), block_table)
+        *_sequence_args(causal, window_size, alibi_slopes, softcap, scale), block_table,
+        k_scale, v_scale)
     out = _convert.like(out, q)
     return (out, _convert.like(lse, q)) if return_lse else out
 
@@ -124,16 +133,19 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
 
 
 def append_paged_kv_cache(k_new: Any, v_new: Any, k_cache: Any, v_cache: Any,
-                          block_table: Any, positions: Any) -> None:
+                          block_table: Any, positions: Any, k_scale: Any = None,
+                          v_scale: Any = None) -> None:
     """Writes k_new [B, L_new, Hkv, E] / v_new [B, L_new, Hkv, Ev] into the page pools
     k_cache / v_cache [num_pages, page_size, Hkv, E/Ev] at positions [positions[b],
     positions[b] + L_new) of each sequence, through block_table int32 [B, max_pages]
     (FlashInfer's append_paged_kv_cache, one run of positions per sequence), in place.
-    positions: int32 [B] (or an int for every sequence). Raises sdpa.Error naming the
-    argument before anything is written."""
+    positions: int32 [B] (or an int for every sequence). float8_e4m3fn pools store
+    x / scale[h] with ``k_scale`` / ``v_scale`` as in attention_with_kvcache. Raises
+    sdpa.Error naming the argument before anything is written."""
     batch = getattr(k_new, "shape", (0,))[0]
     _C.append_paged_kv_cache(k_new, v_new, k_cache, v_cache, block_table,
-                             _seqlens(positions, batch))
+                             _seqlens(positions, batch), k_scale,
+                             v_scale)
 
 
 def merge_attention_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple:

@@ -17,14 +17,24 @@ Tensor optional_array(nb::handle obj, const char* arg) {
   return obj.is_none() ? Tensor() : import_array(obj, arg);
 }
 
+// A float8 cache's scale: None, a number (a float32 scalar) or an array [] / [Hkv].
+Tensor optional_scale(nb::handle obj, const char* arg) {
+  if (nb::isinstance<nb::float_>(obj) || nb::isinstance<nb::int_>(obj)) {
+    return Tensor::full({}, nb::cast<double>(obj), DType::kFloat32);
+  }
+  return optional_array(obj, arg);
+}
+
 void append_paged(nb::handle k_new, nb::handle v_new, nb::handle k_cache, nb::handle v_cache,
-                  nb::handle block_table, nb::handle positions) {
+                  nb::handle block_table, nb::handle positions, nb::handle k_scale,
+                  nb::handle v_scale) {
   const Tensor kn = import_array(k_new, "k_new"), vn = import_array(v_new, "v_new");
   const Tensor kc = import_array(k_cache, "k_cache"), vc = import_array(v_cache, "v_cache");
   const Tensor table = import_array(block_table, "block_table");
   const Tensor at = import_array(positions, "positions");
+  const Tensor ks = optional_scale(k_scale, "k_scale"), vs = optional_scale(v_scale, "v_scale");
   nb::gil_scoped_release release;
-  append_paged_kv_cache(kn, vn, kc, vc, table, at);
+  append_paged_kv_cache(kn, vn, kc, vc, table, at, ks, vs);
 }
 
 // The per-sequence options of the serving calls.
@@ -48,7 +58,8 @@ nb::tuple attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_
                                  bool rotary_interleaved, bool causal, int64_t window_left,
                                  int64_t window_right, std::vector<float> alibi_slopes,
                                  double softcap, std::optional<double> scale,
-                                 nb::handle block_table) {
+                                 nb::handle block_table, nb::handle k_scale,
+                                 nb::handle v_scale) {
   const Tensor query = import_array(q, "q");
   const Tensor keys = import_array(k_cache, "k_cache");
   const Tensor values = import_array(v_cache, "v_cache");
@@ -60,6 +71,8 @@ nb::tuple attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_
   o.rotary_sin = optional_array(rotary_sin, "rotary_sin");
   o.rotary_interleaved = rotary_interleaved;
   o.block_table = optional_array(block_table, "block_table");
+  o.k_scale = optional_scale(k_scale, "k_scale");
+  o.v_scale = optional_scale(v_scale, "v_scale");
   static_cast<SequenceOptions&>(o) = sequence_options(causal, window_left, window_right,
                                                       std::move(alibi_slopes), softcap, scale);
   AttentionResult r;
@@ -141,9 +154,11 @@ void bind_serving(nb::module_& m) {
         nb::arg("v_new").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
         nb::arg("rotary_interleaved"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("alibi_slopes"), nb::arg("softcap"),
-        nb::arg("scale").none(), nb::arg("block_table").none());
+        nb::arg("scale").none(), nb::arg("block_table").none(), nb::arg("k_scale").none(),
+        nb::arg("v_scale").none());
   m.def("append_paged_kv_cache", &append_paged, nb::arg("k_new"), nb::arg("v_new"),
-        nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("block_table"), nb::arg("positions"));
+        nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("block_table"), nb::arg("positions"),
+        nb::arg("k_scale").none(), nb::arg("v_scale").none());
   m.def("attention_varlen", &attention_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"), nb::arg("causal"), nb::arg("window_left"),

@@ -189,8 +189,8 @@ def test_sdpa_tensor_exports_versioned_and_legacy(rng):
                                                           dropout_state=(1.5, 2)),
      TypeError, r"dropout_state: expected a \(seed, offset\) pair of integers"),
     (lambda q: sdpa.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((4, 4), np.uint8)),
-     ValueError, "attn_mask: from_dlpack: expected a float16/32/64, bfloat16, bool, int32 or "
-     "int64 tensor, got uint8"),
+     ValueError, "attn_mask: from_dlpack: expected a float16/32/64, bfloat16, bool, int32, "
+     "int64 or float8_e4m3fn tensor, got uint8"),
     (lambda q: sdpa.scaled_dot_product_attention(q, q, q, dropout_p="0.1"), TypeError,
      "dropout_p: expected a number, got str '0.1'"),
     (lambda q: sdpa.scaled_dot_product_attention(q, q, q, scale=[0.5]), TypeError,

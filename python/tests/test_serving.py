@@ -128,3 +128,59 @@ def test_append_paged_kv_cache_writes_in_place(rng):
     np.testing.assert_array_equal(k_pool[table].reshape(2, 12, H, E), k_want)
     with pytest.raises(sdpa.Error, match=r"positions\[0\] = 8 with 5 new keys exceeds"):
         sdpa.append_paged_kv_cache(k_new, v_new, k_pool, v_pool, table, 8)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_float8_paged_cache_matches_dequantized_reference(rng, dtype):
+    """float8_e4m3fn pools with per-head scales (torch tensors): appends stored as torch's
+    own rounding of x / scale, attention equal to the float64 reference over the
+    dequantized cache."""
+    torch = pytest.importorskip("torch")
+    B, S_max, Hq, Hkv, E, L, page_size = 3, 64, 8, 2, 24, 2, 16
+    lengths = np.array([0, 21, 60], np.int32)
+    k_scale, v_scale = torch.tensor([0.25, 3.0]), torch.tensor([1.5, 0.125])
+    pages = S_max // page_size
+    table = rng.permutation(B * pages + 1).astype(np.int32)[:B * pages].reshape(B, pages)
+    cache = lambda d: torch.from_numpy(  # noqa: E731
+        rng.standard_normal((B * pages + 1, page_size, Hkv, d)) * 8).to(torch.float8_e4m3fn)
+    k_pool, v_pool = cache(E), cache(E)
+    q = torch.from_numpy(rng.standard_normal((B, L, Hq, E))).to(getattr(torch, dtype))
+    k_new = torch.from_numpy(rng.standard_normal((B, L, Hkv, E))).to(q.dtype)
+    v_new = torch.from_numpy(rng.standard_normal((B, L, Hkv, E))).to(q.dtype)
+    out, lse = sdpa.attention_with_kvcache(
+        q, k_pool, v_pool, lengths, k_new, v_new, causal=True, return_lse=True,
+        block_table=table, k_scale=k_scale, v_scale=v_scale)
+    scale = lambda s: s[None, None, :, None].double()  # noqa: E731
+    rows = lambda pool: pool.view(torch.uint8)[torch.from_numpy(table).long()].reshape(  # noqa: E731
+        B, S_max, Hkv, E).view(torch.float8_e4m3fn)
+    k_seq, v_seq = rows(k_pool), rows(v_pool)
+    for b, n in enumerate(lengths):
+        quantized_k = (k_new[b].float() / k_scale[:, None]).to(torch.float8_e4m3fn)
+        quantized_v = (v_new[b].float() / v_scale[:, None]).to(torch.float8_e4m3fn)
+        assert torch.equal(k_seq[b, n:n + L].view(torch.uint8), quantized_k.view(torch.uint8))
+        assert torch.equal(v_seq[b, n:n + L].view(torch.uint8), quantized_v.view(torch.uint8))
+        keys = (k_seq[b:b + 1, :n + L].double() * scale(k_scale))[0].numpy()
+        values = (v_seq[b:b + 1, :n + L].double() * scale(v_scale))[0].numpy()
+        want, want_lse, _ = forward(_bhsd(q[b].double().numpy())[None], _bhsd(keys)[None],
+                                    _bhsd(values)[None],
+                                    mask=causal_keep(L, n + L, lower_right=True),
+                                    enable_gqa=True)
+        got = out[b].transpose(0, 1).double().numpy()
+        rtol = 1e-5 if dtype == "float32" else 1 / 128
+        np.testing.assert_allclose(got, want[0], rtol=rtol, atol=rtol * np.abs(want).max())
+        np.testing.assert_allclose(lse[b].numpy(), want_lse[0], rtol=1e-5, atol=1e-4)
+
+
+def test_float8_cache_scale_errors_write_nothing(rng):
+    torch = pytest.importorskip("torch")
+    k = torch.from_numpy(rng.standard_normal((1, 8, 2, 8))).to(torch.float8_e4m3fn)
+    before = k.view(torch.uint8).clone()
+    q = torch.randn(1, 1, 2, 8)
+    new = torch.randn(1, 1, 2, 8)
+    with pytest.raises(sdpa.Error, match=r"k_scale\[0\] = 0: expected a finite scale > 0"):
+        sdpa.attention_with_kvcache(q, k, k.clone(), 3, new, new, k_scale=torch.tensor([0.0, 1.0]))
+    with pytest.raises(sdpa.Error, match="v_scale: only float8_e4m3fn caches take scales"):
+        sdpa.attention_with_kvcache(q, k.float(), k.float(), 3, v_scale=2.0)
+    assert torch.equal(k.view(torch.uint8), before)
+    out = sdpa.attention_with_kvcache(q, k, k.clone(), 3, k_scale=0.5, v_scale=2)  # numbers
+    assert out.shape == (1, 1, 2, 8)

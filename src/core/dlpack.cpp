@@ -12,6 +12,8 @@ namespace {
 
 // DLPack 0.8 added kDLBool; older headers (Debian's 0.6) lack it, so name it here.
 constexpr uint8_t kDLBoolCode = 6;
+// DLPack 1.1's kDLFloat8_e4m3fn (torch.float8_e4m3fn's code), likewise.
+constexpr uint8_t kDLFloat8E4M3FNCode = 10;
 
 // "uint8", "complex64", ...: DLPack's type as numpy and torch name it.
 std::string dl_type_name(DLDataType t) {
@@ -22,6 +24,7 @@ std::string dl_type_name(DLDataType t) {
     case kDLFloat: return "float" + std::to_string(bits);
     case kDLBfloat: return "bfloat" + std::to_string(bits);
     case kDLBoolCode: return "bool (" + std::to_string(bits) + " bits)";
+    case kDLFloat8E4M3FNCode: return "float8_e4m3fn (" + std::to_string(bits) + " bits)";
     case kDLComplex: return "complex" + std::to_string(bits);
     default: return "DLPack type code " + std::to_string(int(t.code)) + " with " +
                     std::to_string(bits) + " bits";
@@ -38,8 +41,9 @@ DType dtype_from_dl(DLDataType t) {
   if (t.code == kDLBoolCode && t.bits == 8) return DType::kBool;
   if (t.code == kDLInt && t.bits == 32) return DType::kInt32;
   if (t.code == kDLInt && t.bits == 64) return DType::kInt64;
-  detail::throw_error("from_dlpack: expected a float16/32/64, bfloat16, bool, int32 or int64 "
-                      "tensor, got ", dl_type_name(t));
+  if (t.code == kDLFloat8E4M3FNCode && t.bits == 8) return DType::kFloat8E4M3FN;
+  detail::throw_error("from_dlpack: expected a float16/32/64, bfloat16, bool, int32, int64 or "
+                      "float8_e4m3fn tensor, got ", dl_type_name(t));
 }
 
 DLDataType dtype_to_dl(DType d) {
@@ -51,6 +55,7 @@ DLDataType dtype_to_dl(DType d) {
     case DType::kBool: return {kDLBoolCode, 8, 1};
     case DType::kInt32: return {kDLInt, 32, 1};
     case DType::kInt64: return {kDLInt, 64, 1};
+    case DType::kFloat8E4M3FN: return {kDLFloat8E4M3FNCode, 8, 1};
   }
   return {kDLFloat, 32, 1};
 }

@@ -1,5 +1,8 @@
 #include "sdpa/dtype.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "sdpa/error.h"
@@ -15,6 +18,7 @@ size_t element_size(DType dtype) {
     case DType::kBool: return 1;
     case DType::kInt32: return 4;
     case DType::kInt64: return 8;
+    case DType::kFloat8E4M3FN: return 1;
   }
   return 0;
 }
@@ -28,13 +32,14 @@ std::string_view dtype_name(DType dtype) {
     case DType::kBool: return "bool";
     case DType::kInt32: return "int32";
     case DType::kInt64: return "int64";
+    case DType::kFloat8E4M3FN: return "float8_e4m3fn";
   }
   return "unknown";
 }
 
 DType parse_dtype(std::string_view name) {
   for (DType d : {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16,
-                  DType::kBool, DType::kInt32, DType::kInt64}) {
+                  DType::kBool, DType::kInt32, DType::kInt64, DType::kFloat8E4M3FN}) {
     if (dtype_name(d) == name) return d;
   }
   if (name == "float" || name == "fp32") return DType::kFloat32;
@@ -42,7 +47,7 @@ DType parse_dtype(std::string_view name) {
   if (name == "bf16") return DType::kBFloat16;
   if (name == "half" || name == "fp16") return DType::kFloat16;
   detail::throw_error("dtype: expected one of float32, float64, bfloat16, float16, bool, "
-                      "int32, int64; got '", name, "'");
+                      "int32, int64, float8_e4m3fn; got '", name, "'");
 }
 
 bool is_floating(DType dtype) {
@@ -115,6 +120,42 @@ float16::operator float() const {
   float f;
   std::memcpy(&f, &out, 4);
   return f;
+}
+
+float8_e4m3fn::float8_e4m3fn(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 24) & 0x80u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) {
+    bits = static_cast<uint8_t>(sign | 0x7fu);
+    return;
+  }
+  if (abs < 0x3c800000u) {  // below 2^-6, the smallest normal: multiples of 2^-9
+    float magnitude;
+    std::memcpy(&magnitude, &abs, 4);
+    // Rounds to nearest even (the default mode); 8 * 2^-9 is the smallest normal, whose
+    // code is 8 too.
+    bits = static_cast<uint8_t>(sign | static_cast<uint32_t>(std::nearbyint(magnitude * 512.0f)));
+    return;
+  }
+  // Round the 23 mantissa bits to 3, to nearest even, then rebias the exponent 127 -> 7.
+  const uint32_t rounded = (abs + 0x7ffffu + ((abs >> 20) & 1u)) >> 20;
+  const uint32_t code = rounded - ((127u - 7u) << 3);
+  bits = static_cast<uint8_t>(sign | std::min(code, 0x7eu));  // past 448: saturate
+}
+
+float8_e4m3fn::operator float() const {
+  const uint32_t exponent = (bits >> 3) & 0xfu, mantissa = bits & 0x7u;
+  float magnitude;
+  if (exponent == 0xfu && mantissa == 0x7u) {
+    magnitude = std::numeric_limits<float>::quiet_NaN();
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -9);
+  } else {
+    magnitude = std::ldexp(static_cast<float>(8u + mantissa), static_cast<int>(exponent) - 10);
+  }
+  return (bits & 0x80u) ? -magnitude : magnitude;
 }
 
 }  // namespace sdpa

@@ -18,6 +18,8 @@ inline double load_element(const void* base, DType dtype, int64_t offset) {
     case DType::kBool: return static_cast<const bool*>(base)[offset] ? 1.0 : 0.0;
     case DType::kInt32: return static_cast<const int32_t*>(base)[offset];
     case DType::kInt64: return static_cast<double>(static_cast<const int64_t*>(base)[offset]);
+    case DType::kFloat8E4M3FN:
+      return static_cast<float>(static_cast<const float8_e4m3fn*>(base)[offset]);
   }
   return 0.0;
 }
@@ -35,6 +37,9 @@ inline void store_element(void* base, DType dtype, int64_t offset, double value)
     case DType::kBool: static_cast<bool*>(base)[offset] = value != 0.0; break;
     case DType::kInt32: static_cast<int32_t*>(base)[offset] = static_cast<int32_t>(value); break;
     case DType::kInt64: static_cast<int64_t*>(base)[offset] = static_cast<int64_t>(value); break;
+    case DType::kFloat8E4M3FN:
+      static_cast<float8_e4m3fn*>(base)[offset] = float8_e4m3fn(static_cast<float>(value));
+      break;
   }
 }
 

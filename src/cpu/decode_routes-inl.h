@@ -173,6 +173,8 @@ HWY_INLINE void ForKvRows(KvRows kind, const F& f) {
     case KvRows::kBFloat16: return f(std::integral_constant<KvRows, KvRows::kBFloat16>());
     case KvRows::kFloat16: return f(std::integral_constant<KvRows, KvRows::kFloat16>());
     case KvRows::kFloat32: return f(std::integral_constant<KvRows, KvRows::kFloat32>());
+    case KvRows::kFloat8E4M3FN:
+      return f(std::integral_constant<KvRows, KvRows::kFloat8E4M3FN>());
   }
 }
 
@@ -227,14 +229,20 @@ HWY_INLINE void AccumulateTileInPlace(const DecodeCall& call, int64_t j0, int64_
                                  {ahead, v_rows.row_stride()});
 }
 
+// What the accumulators of rows read in place are multiplied by: a float8 cache's scale
+// times the factor its in-place conversion leaves out (decode_rows-inl.h), else 1.
+HWY_INLINE float InPlaceDequant(KvRows kind, const RowView& rows) {
+  return kind == KvRows::kFloat8E4M3FN ? rows.dequant_scale() * kE4M3FNInPlaceFactor : 1.0f;
+}
+
 /// Key route: key rows of unit stride read in place (widened in registers). bf16 rows
-/// need q in the split layout (decode_rows-inl.h).
+/// need q in the split layout (decode_rows-inl.h); a float8 cache's key scale goes into q.
 struct KeysInPlace {
   KvRows kind;
   HWY_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
                             int64_t r) const {
     float* q = call.ws.q + r * call.e_pad;
-    LoadRow(q_rows, i, call.e_pad, q, call.scale);
+    LoadRow(q_rows, i, call.e_pad, q, call.scale * InPlaceDequant(kind, call.k_rows));
     if (kind == KvRows::kBFloat16) SplitRow(q, round_up(call.k_rows.cols(), SplitBlock()));
   }
   HWY_INLINE void ScoreTile(const DecodeCall& call, int64_t j0, int64_t g_begin,
@@ -249,7 +257,8 @@ struct KeysInPlace {
 };
 
 /// Value route: value rows of unit stride read in place (widened in registers); bf16 rows
-/// accumulate in the split layout, put back in order by Finish.
+/// accumulate in the split layout, put back in order by Finish, which also applies a
+/// float8 cache's value scale.
 struct ValuesInPlace : Float32Probabilities {
   static constexpr bool kInPlace = true;
   KvRows kind;
@@ -260,6 +269,9 @@ struct ValuesInPlace : Float32Probabilities {
     });
   }
   HWY_INLINE void Finish(const DecodeCall& call) const {
+    if (kind == KvRows::kFloat8E4M3FN) {
+      ScaleRow(call.state.o, call.rows * call.ev_pad, InPlaceDequant(kind, call.v_rows));
+    }
     if (kind != KvRows::kBFloat16) return;
     const int64_t split = round_up(call.v_rows.cols(), SplitBlock());
     for (int64_t r = 0; r < call.rows; ++r) SplitRow(call.state.o + r * call.ev_pad, split, true);

@@ -26,6 +26,7 @@
 
 #include "cpu/flash_decode.h"
 #include "cpu/reduce_lanes-inl.h"
+#include "cpu/rows.h"
 #include "cpu/rows_ahead.h"
 #include "hwy/highway.h"
 
@@ -36,9 +37,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 #if HWY_TARGET != HWY_SCALAR
 
-/// The stored element of KvRows kind kRows (half types as their bits).
+/// The stored element of KvRows kind kRows (half and float8 types as their bits).
 template <KvRows kRows>
-using KvElement = std::conditional_t<kRows == KvRows::kFloat32, float, uint16_t>;
+using KvElement = std::conditional_t<
+    kRows == KvRows::kFloat32, float,
+    std::conditional_t<kRows == KvRows::kFloat8E4M3FN, uint8_t, uint16_t>>;
 
 /// Elements per block: two float32 vectors.
 HWY_INLINE constexpr int64_t SplitBlock() {
@@ -111,12 +114,42 @@ HWY_INLINE void GatherTails(const T* const* rows, int64_t n, int64_t full, int64
 
 namespace detail {
 
+// N float8_e4m3fn elements at src as float32, each its value / kE4M3FNInPlaceFactor:
+// S.EEEE.MMM becomes the float16 S.0EEEE.MMM0000000, whose value is the E4M3 value / 2^8
+// for normals and subnormals alike (float16's exponent bias is 8 more than E4M3's);
+// S.1111.111, E4M3's NaN, becomes a float16 NaN.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadE4M3(D d, const uint8_t* HWY_RESTRICT src) {
+#if HWY_TARGET > HWY_AVX2
+  // Below AVX2 Highway emulates the float16 promotion without NaN (see LoadBlock).
+  HWY_ALIGN float widened[HWY_MAX_BYTES / sizeof(float)];
+  for (size_t i = 0; i < hn::Lanes(d); ++i) {
+    widened[i] = kE4M3FNValues[src[i]] / kE4M3FNInPlaceFactor;
+  }
+  return hn::Load(d, widened);
+#else
+  const hn::Rebind<uint8_t, D> d8;
+  const hn::Rebind<uint16_t, D> d16;
+  const hn::Rebind<hwy::float16_t, D> dh;
+  const auto x = hn::PromoteTo(d16, hn::LoadU(d8, src));
+  const auto magnitude = hn::And(x, hn::Set(d16, 0x7F));
+  auto half = hn::Or(hn::ShiftLeft<7>(magnitude), hn::ShiftLeft<8>(hn::And(x, hn::Set(d16, 0x80))));
+  half = hn::IfThenElse(hn::Eq(magnitude, hn::Set(d16, 0x7F)), hn::Or(half, hn::Set(d16, 0x7E00)),
+                        half);
+  return hn::PromoteTo(d, hn::BitCast(dh, half));
+#endif
+}
+
 // The two float32 vectors of the 2N elements at src: for bfloat16 its even and odd
-// elements (split layout), otherwise its first and last N.
+// elements (split layout), otherwise its first and last N (float8_e4m3fn: each value /
+// kE4M3FNInPlaceFactor).
 template <KvRows kRows, class D>
 HWY_INLINE void LoadBlock(D d, const KvElement<kRows>* HWY_RESTRICT src, hn::Vec<D>& first,
                           hn::Vec<D>& second) {
-  if constexpr (kRows == KvRows::kBFloat16) {
+  if constexpr (kRows == KvRows::kFloat8E4M3FN) {
+    first = LoadE4M3(d, src);
+    second = LoadE4M3(d, src + hn::Lanes(d));
+  } else if constexpr (kRows == KvRows::kBFloat16) {
     const hn::RebindToUnsigned<D> du;
     const hn::Repartition<uint16_t, D> d16;
     const auto bits = hn::BitCast(du, hn::LoadU(d16, src));

@@ -18,12 +18,17 @@
 namespace sdpa::cpu {
 namespace {
 
-// The decode path takes float32, bfloat16 and float16 (float64 runs flash_f64.h).
+// The decode path takes float32, bfloat16 and float16, and float8_e4m3fn caches (float64
+// runs flash_f64.h).
 bool in_place(const Tensor& rows) { return rows.stride(3) == 1; }
 
 KvRows kv_rows_of(DType dtype) {
-  if (dtype == DType::kBFloat16) return KvRows::kBFloat16;
-  return dtype == DType::kFloat16 ? KvRows::kFloat16 : KvRows::kFloat32;
+  switch (dtype) {
+    case DType::kBFloat16: return KvRows::kBFloat16;
+    case DType::kFloat16: return KvRows::kFloat16;
+    case DType::kFloat8E4M3FN: return KvRows::kFloat8E4M3FN;
+    default: return KvRows::kFloat32;
+  }
 }
 
 }  // namespace

@@ -40,7 +40,11 @@ inline constexpr int64_t kDecodeMaxRows = 16;
 bool use_decode_path(const AttentionParams& params);
 
 /// Element type of key and value rows the decode path reads in place (k and v share it).
-enum class KvRows { kBFloat16, kFloat16, kFloat32 };
+enum class KvRows { kBFloat16, kFloat16, kFloat32, kFloat8E4M3FN };
+
+/// A float8_e4m3fn element read in place comes out of the decode kernels' conversion as
+/// its value / 256 (decode_rows-inl.h): the routes fold 256 into the cache's scales.
+inline constexpr float kE4M3FNInPlaceFactor = 256.0f;
 
 /// One thread's float32 working set for decode items. `bf16_dot`: uses_bf16_dot(params),
 /// decided on the calling thread (as FlashScratch's).

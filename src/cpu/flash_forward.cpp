@@ -19,7 +19,9 @@
 namespace sdpa::cpu {
 
 bool uses_bf16_dot(const AttentionParams& p) {
-  return p.q.dtype() == DType::kBFloat16 && active_capability() == Capability::kAVX512 &&
+  // vdpbf16ps reads k and v as stored: a float8 cache (KvDequant) goes through float32.
+  return p.q.dtype() == DType::kBFloat16 && p.k.dtype() == DType::kBFloat16 &&
+         active_capability() == Capability::kAVX512 &&
          bf16_dot_available();
 }
 

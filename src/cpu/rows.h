@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 
+#include <array>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +20,18 @@ inline float widen(float x) { return x; }
 inline double widen(double x) { return x; }
 inline float widen(bfloat16 x) { return static_cast<float>(x); }
 inline float widen(float16 x) { return static_cast<float>(x); }
+
+/// float8_e4m3fn's 256 values, indexed by its bits: the scalar conversion of the row loads.
+inline const std::array<float, 256> kE4M3FNValues = [] {
+  std::array<float, 256> values{};
+  for (int bits = 0; bits < 256; ++bits) {
+    float8_e4m3fn x;
+    x.bits = static_cast<uint8_t>(bits);
+    values[static_cast<size_t>(bits)] = static_cast<float>(x);
+  }
+  return values;
+}();
+inline float widen(float8_e4m3fn x) { return kE4M3FNValues[x.bits]; }
 
 /// Converts a compute value to storage type S (round to nearest even for half types).
 template <typename S, typename T>
@@ -112,7 +125,11 @@ class RowView {
     return pages_ == nullptr ? std::numeric_limits<int64_t>::max() : page_size_ - r % page_size_;
   }
 
-  /// dst[c] = row[r][c] * multiplier for c < cols().
+  /// Multiplies every element load() reads (a float8_e4m3fn cache's per-head scale).
+  void set_dequant_scale(float scale) { dequant_scale_ = scale; }
+  float dequant_scale() const { return dequant_scale_; }
+
+  /// dst[c] = row[r][c] * dequant_scale() * multiplier for c < cols().
   template <typename T>
   void load(int64_t r, T* dst, T multiplier = T(1)) const {
     if (base_ == nullptr) return;
@@ -124,6 +141,8 @@ class RowView {
       case DType::kFloat64: return load_as<double>(r, dst, multiplier);
       case DType::kBFloat16: return load_as<bfloat16>(r, dst, multiplier);
       case DType::kFloat16: return load_as<float16>(r, dst, multiplier);
+      case DType::kFloat8E4M3FN:
+        return load_as<float8_e4m3fn>(r, dst, multiplier * static_cast<T>(dequant_scale_));
       default: return;
     }
   }
@@ -172,6 +191,7 @@ class RowView {
   int64_t stride_col_;
   int64_t cols_;
   bool f16c_;  // float16 with unit column stride on an F16C CPU
+  float dequant_scale_ = 1.0f;
   // Paged views (PagedRows): the table, null otherwise.
   const int32_t* pages_ = nullptr;
   int64_t page_size_ = 1;

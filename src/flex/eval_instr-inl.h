@@ -334,6 +334,7 @@ HWY_INLINE void Read(RowBuffers& buf, const Instr& in, R* out, const Pass& p) {
         break;
       case DType::kBFloat16:
       case DType::kFloat16:
+      case DType::kFloat8E4M3FN:
         for (int64_t j = lo; j < hi; ++j) {
           o[j] = ok[j] ? static_cast<R>(detail::load_element(data, t.dtype(), offsets[j])) : R(0);
         }

@@ -1,6 +1,8 @@
 #include "serving/cache_layout.h"
 
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "sdpa/error.h"
 
@@ -21,8 +23,31 @@ void check_size(const Tensor& t, const char* name, int64_t dim, int64_t expected
 }
 
 
+namespace {
+
+// The scales of a float8 cache with `heads` kv heads: `scale` float32 [] or [heads], each
+// finite and > 0; all 1 when undefined.
+std::vector<float> read_scales(const Tensor& scale, const char* name, int64_t heads) {
+  if (!scale.defined()) return std::vector<float>(static_cast<size_t>(heads), 1.0f);
+  SDPA_CHECK(scale.dtype() == DType::kFloat32 && scale.device() == Device{} &&
+                 (scale.dim() == 0 || (scale.dim() == 1 && scale.size(0) == heads)),
+             name, ": expected a CPU float32 tensor [] or [Hkv = ", heads, "], got ",
+             scale.describe());
+  std::vector<float> out(static_cast<size_t>(heads));
+  for (int64_t h = 0; h < heads; ++h) {
+    const double s = scale.dim() == 0 ? scale.item({}) : scale.item({h});
+    SDPA_CHECK(std::isfinite(s) && s > 0.0, name, "[", h, "] = ", s,
+               ": expected a finite scale > 0");
+    out[static_cast<size_t>(h)] = static_cast<float>(s);
+  }
+  return out;
+}
+
+}  // namespace
+
 CacheLayout::CacheLayout(const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
-                         int64_t batch, DType dtype, int64_t head_dim)
+                         int64_t batch, DType dtype, int64_t head_dim, const Tensor& k_scale,
+                         const Tensor& v_scale)
     : k_cache_(k_cache), v_cache_(v_cache) {
   const bool paged = block_table.defined();
   const char* k_layout = paged ? "[num_pages, page_size, Hkv, E]" : "[B, S_max, Hkv, E]";
@@ -31,8 +56,10 @@ CacheLayout::CacheLayout(const Tensor& k_cache, const Tensor& v_cache, const Ten
   check_dims(v_cache, "v_cache", 4, v_layout);
   kv_heads_ = k_cache.size(2);
   value_dim_ = v_cache.size(3);
+  const bool float8 = k_cache.dtype() == DType::kFloat8E4M3FN;
   for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, std::pair{&v_cache, "v_cache"}}) {
-    SDPA_CHECK(t->dtype() == dtype, name, ": expected q's dtype ", dtype_name(dtype), ", got ",
+    SDPA_CHECK(t->dtype() == (float8 ? DType::kFloat8E4M3FN : dtype), name, ": expected q's dtype ",
+               dtype_name(dtype), " or float8_e4m3fn (k_cache and v_cache alike), got ",
                dtype_name(t->dtype()));
     if (paged) {
       check_size(*t, name, 0, k_cache.size(0), "num_pages of k_cache");
@@ -44,6 +71,17 @@ CacheLayout::CacheLayout(const Tensor& k_cache, const Tensor& v_cache, const Ten
     check_size(*t, name, 2, kv_heads_, "the kv head count Hkv of k_cache");
   }
   check_size(k_cache, "k_cache", 3, head_dim, "the head dimension E of q");
+  if (float8) {
+    auto dequant = std::make_shared<KvDequant>();
+    dequant->k_scale = read_scales(k_scale, "k_scale", kv_heads_);
+    dequant->v_scale = read_scales(v_scale, "v_scale", kv_heads_);
+    dequant_ = std::move(dequant);
+  } else {
+    for (const auto& [t, name] : {std::pair{&k_scale, "k_scale"}, std::pair{&v_scale, "v_scale"}}) {
+      SDPA_CHECK(!t->defined(), name, ": only float8_e4m3fn caches take scales, got a ",
+                 dtype_name(k_cache.dtype()), " cache");
+    }
+  }
   if (!paged) {
     capacity_ = k_cache.size(1);
     return;
@@ -97,16 +135,33 @@ Tensor CacheLayout::rows(bool values, int64_t b, int64_t n) const {
 
 void CacheLayout::write(bool values, int64_t b, int64_t at, const Tensor& rows) const {
   const Tensor& cache = values ? v_cache_ : k_cache_;
-  if (!pages_) {
-    cache.select(0, b).slice(0, at, at + rows.size(0)).copy_(rows);
+  // Position i's destination row [Hkv, D].
+  const auto destination = [&](int64_t position) {
+    if (!pages_) return cache.select(0, b).select(0, position);
+    const int32_t* table = pages_->block_table.data<int32_t>() + b * pages_->block_table.size(1);
+    const int64_t page_size = pages_->page_size;
+    return cache.select(0, table[position / page_size]).select(0, position % page_size);
+  };
+  if (!dequant_) {
+    if (!pages_) {
+      cache.select(0, b).slice(0, at, at + rows.size(0)).copy_(rows);
+      return;
+    }
+    for (int64_t i = 0; i < rows.size(0); ++i) destination(at + i).copy_(rows.select(0, i));
     return;
   }
-  const int32_t* table = pages_->block_table.data<int32_t>() + b * pages_->block_table.size(1);
-  const int64_t page_size = pages_->page_size;
+  const std::vector<float>& scale = values ? dequant_->v_scale : dequant_->k_scale;
+  const int64_t dim = cache.size(3);
   for (int64_t i = 0; i < rows.size(0); ++i) {
-    const int64_t position = at + i;
-    cache.select(0, table[position / page_size]).select(0, position % page_size)
-        .copy_(rows.select(0, i));
+    const Tensor dst = destination(at + i);
+    for (int64_t h = 0; h < kv_heads_; ++h) {
+      auto* out = static_cast<float8_e4m3fn*>(dst.data_ptr()) + h * dst.stride(0);
+      for (int64_t e = 0; e < dim; ++e) {
+        const double x = rows.item({i, h, e});
+        out[e * dst.stride(1)] =
+            float8_e4m3fn(static_cast<float>(x / scale[static_cast<size_t>(h)]));
+      }
+    }
   }
 }
 

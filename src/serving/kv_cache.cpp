@@ -38,10 +38,11 @@ std::vector<int64_t> read_positions(const Tensor& lengths, const char* name, int
   return out;
 }
 
-// Checks k_new [B, L_new, Hkv, E] / v_new [B, L_new, Hkv, Ev] (both or neither, the
-// cache's dtype and heads) and returns L_new (0 without them).
+// Checks k_new [B, L_new, Hkv, E] / v_new [B, L_new, Hkv, Ev] (both or neither, of dtype
+// `dtype`, which `source` names: the cache's, or q's for a float8 cache that quantizes
+// them; the cache's heads) and returns L_new (0 without them).
 int64_t check_new_rows(const Tensor& k_new, const Tensor& v_new, const serving::CacheLayout& cache,
-                       int64_t batch, DType dtype, int64_t head_dim) {
+                       int64_t batch, DType dtype, const char* source, int64_t head_dim) {
   SDPA_CHECK(k_new.defined() == v_new.defined(), "k_new / v_new: expected both or neither, got only ",
              k_new.defined() ? "k_new" : "v_new");
   if (!k_new.defined()) return 0;
@@ -49,8 +50,8 @@ int64_t check_new_rows(const Tensor& k_new, const Tensor& v_new, const serving::
   check_dims(v_new, "v_new", 4, "[B, L_new, Hkv, Ev]");
   const int64_t new_len = k_new.size(1);
   for (const auto& [t, name] : {std::pair{&k_new, "k_new"}, std::pair{&v_new, "v_new"}}) {
-    SDPA_CHECK(t->dtype() == dtype, name, ": expected the cache's dtype ", dtype_name(dtype),
-               ", got ", dtype_name(t->dtype()));
+    SDPA_CHECK(t->dtype() == dtype, name, ": expected ", source, " ", dtype_name(dtype), ", got ",
+               dtype_name(t->dtype()));
     check_size(*t, name, 0, batch, "the batch size B");
     check_size(*t, name, 1, new_len, "L_new of k_new");
     check_size(*t, name, 2, cache.kv_heads(), "the cache's kv head count Hkv");
@@ -75,11 +76,13 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
   SDPA_CHECK(q.dtype() == DType::kFloat32 || q.dtype() == DType::kBFloat16 ||
                  q.dtype() == DType::kFloat16,
              "q: expected float32, bfloat16 or float16, got ", dtype_name(q.dtype()));
-  const serving::CacheLayout cache(k_cache, v_cache, o.block_table, B, q.dtype(), E);
+  const serving::CacheLayout cache(k_cache, v_cache, o.block_table, B, q.dtype(), E, o.k_scale,
+                                   o.v_scale);
   const int64_t Hkv = cache.kv_heads(), Ev = cache.value_dim();
   SDPA_CHECK(Hkv > 0 && Hq % Hkv == 0, "q: the query head count ", Hq,
              " must be a multiple of the cache's kv head count ", Hkv, " (GQA)");
-  const int64_t new_len = check_new_rows(o.k_new, o.v_new, cache, B, q.dtype(), E);
+  const int64_t new_len = check_new_rows(o.k_new, o.v_new, cache, B, q.dtype(),
+                                         cache.dequant() ? "q's dtype" : "the cache's dtype", E);
   const std::vector<int64_t> cached =
       read_positions(cache_seqlens, "cache_seqlens", B, cache.capacity(), new_len);
   for (int64_t b = 0; b < B; ++b) cache.check_pages(b, cached[static_cast<size_t>(b)] + new_len);
@@ -106,7 +109,8 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
     const int64_t n = cached[static_cast<size_t>(b)] + new_len;
     calls.emplace_back(o, L, n, Hq != Hkv);
     // Validates the call (scale, mask sizes) before the append.
-    calls.back().check(heads_first(q_run, b, L), cache.rows(false, b, n), cache.rows(true, b, n));
+    calls.back().check(heads_first(q_run, b, L), cache.rows(false, b, n), cache.rows(true, b, n),
+                       cache.dequant());
   }
 
   for (int64_t b = 0; b < B && new_len > 0; ++b) {
@@ -121,7 +125,8 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = cached[static_cast<size_t>(b)] + new_len;
     const AttentionResult r = calls[static_cast<size_t>(b)].forward(
-        heads_first(q_run, b, L), cache.rows(false, b, n), cache.rows(true, b, n), cache.pages(b));
+        heads_first(q_run, b, L), cache.rows(false, b, n), cache.rows(true, b, n), cache.pages(b),
+        cache.dequant());
     result.out.select(0, b).copy_(r.out.select(0, 0).transpose(0, 1));
     result.lse.select(0, b).copy_(r.lse.select(0, 0));
     result.backend = r.backend;
@@ -131,12 +136,18 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
 
 void append_paged_kv_cache(const Tensor& k_new, const Tensor& v_new, const Tensor& k_cache,
                            const Tensor& v_cache, const Tensor& block_table,
-                           const Tensor& positions) {
+                           const Tensor& positions, const Tensor& k_scale,
+                           const Tensor& v_scale) {
   check_dims(k_new, "k_new", 4, "[B, L_new, Hkv, E]", "append_paged_kv_cache");
   SDPA_CHECK(block_table.defined(), "block_table: expected an int32 tensor [B, max_pages], got none");
+  SDPA_CHECK(is_floating(k_new.dtype()), "k_new: expected float32, float64, bfloat16 or "
+             "float16, got ", dtype_name(k_new.dtype()));
   const int64_t B = k_new.size(0);
-  const serving::CacheLayout cache(k_cache, v_cache, block_table, B, k_new.dtype(), k_new.size(3));
-  const int64_t new_len = check_new_rows(k_new, v_new, cache, B, k_new.dtype(), k_new.size(3));
+  const serving::CacheLayout cache(k_cache, v_cache, block_table, B, k_new.dtype(), k_new.size(3),
+                                   k_scale, v_scale);
+  const int64_t new_len = check_new_rows(k_new, v_new, cache, B, k_new.dtype(),
+                                         cache.dequant() ? "k_new's dtype" : "the cache's dtype",
+                                         k_new.size(3));
   const std::vector<int64_t> at = read_positions(positions, "positions", B, cache.capacity(), new_len);
   for (int64_t b = 0; b < B; ++b) cache.check_pages(b, at[static_cast<size_t>(b)] + new_len);
   for (int64_t b = 0; b < B; ++b) {

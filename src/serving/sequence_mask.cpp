@@ -58,17 +58,34 @@ SequenceCall::SequenceCall(const SequenceOptions& o, int64_t q_len, int64_t kv_l
   if (o.softcap > 0.0) softcap = flex::Program::from_score_mod(flex::mods::soft_cap(o.softcap));
 }
 
-void SequenceCall::check(const Tensor& q, const Tensor& k, const Tensor& v) const {
-  (void)make_params(q, k, v, options);
+AttentionParams SequenceCall::params(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const std::shared_ptr<const KvDequant>& dequant) const {
+  if (!dequant) return make_params(q, k, v, options);
+  // make_params checks q's dtype on k / v too: it checks shapes on stand-ins of q's dtype
+  // (broadcast views, nothing read), then the float8 views and their scales go in.
+  const auto stand_in = [&](const Tensor& t) {
+    return Tensor::from_blob(t.data_ptr(), t.sizes(), Shape(static_cast<size_t>(t.dim()), 0), q.dtype());
+  };
+  AttentionParams p = make_params(q, stand_in(k), stand_in(v), options);
+  p.k = k;
+  p.v = v;
+  p.kv_dequant = dequant;
+  return p;
+}
+
+void SequenceCall::check(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const std::shared_ptr<const KvDequant>& dequant) const {
+  (void)params(q, k, v, dequant);
 }
 
 AttentionResult SequenceCall::forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                      const std::shared_ptr<const KvPages>& pages) const {
-  if (!pages) {
+                                      const std::shared_ptr<const KvPages>& pages,
+                                      const std::shared_ptr<const KvDequant>& dequant) const {
+  if (!pages && !dequant) {
     return softcap ? flex_attention(q, k, v, softcap, nullptr, options)
                    : scaled_dot_product_attention_with_lse(q, k, v, options);
   }
-  AttentionParams p = make_params(q, k, v, options);
+  AttentionParams p = params(q, k, v, dequant);
   if (softcap) p.mask.score_mod = std::make_shared<const flex::Program>(*softcap);
   p.kv_pages = pages;
   return run_forward(p);

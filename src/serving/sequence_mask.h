@@ -24,13 +24,20 @@ struct SequenceCall {
 
   /// q [1, Hq, q_len, E], k/v [1, Hkv, kv_len, E/Ev] views of the sequence.
   SequenceCall(const SequenceOptions& o, int64_t q_len, int64_t kv_len, bool gqa);
-  /// Validates the call (shapes, mask sizes) without running it.
-  void check(const Tensor& q, const Tensor& k, const Tensor& v) const;
-  /// `pages`: k / v are views of a paged cache read through it (CacheLayout::rows).
+  /// Validates the call (shapes, mask sizes) without running it; `dequant` as in forward.
+  void check(const Tensor& q, const Tensor& k, const Tensor& v,
+             const std::shared_ptr<const KvDequant>& dequant = nullptr) const;
+  /// `pages`: k / v are views of a paged cache read through it (CacheLayout::rows);
+  /// `dequant`: k / v are a float8_e4m3fn cache read with these scales.
   AttentionResult forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                          const std::shared_ptr<const KvPages>& pages = nullptr) const;
+                          const std::shared_ptr<const KvPages>& pages = nullptr,
+                          const std::shared_ptr<const KvDequant>& dequant = nullptr) const;
   AttentionGradients backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse) const;
+
+ private:
+  AttentionParams params(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const std::shared_ptr<const KvDequant>& dequant) const;
 };
 
 }  // namespace sdpa::serving

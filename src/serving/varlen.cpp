@@ -115,6 +115,7 @@ Packing check_packing(const Tensor& q, const Tensor& k, const Tensor& v, const T
 struct SequenceKv {
   Tensor k, v;
   std::shared_ptr<const KvPages> pages;
+  std::shared_ptr<const KvDequant> dequant;  ///< float8 pages (scale 1)
 };
 
 // The forward of every sequence of `p` (validated) into packed out [total_q, Hq, Ev] and
@@ -130,7 +131,7 @@ AttentionResult run_sequences(const Tensor& q, const Packing& p, int64_t Ev, KvO
     if (!p.runs(b)) continue;
     const SequenceKv kv = kv_of(b);
     const AttentionResult r = p.calls[static_cast<size_t>(b)].forward(
-        sequence(q, p.q_begin(b), p.q_end(b)), kv.k, kv.v, kv.pages);
+        sequence(q, p.q_begin(b), p.q_end(b)), kv.k, kv.v, kv.pages, kv.dequant);
     result.out.slice(0, p.q_begin(b), p.q_end(b)).copy_(r.out.select(0, 0).transpose(0, 1));
     result.lse.slice(1, p.q_begin(b), p.q_end(b)).copy_(r.lse.select(0, 0));
     result.backend = r.backend;
@@ -155,7 +156,7 @@ AttentionResult attention_varlen(const Tensor& q, const Tensor& k, const Tensor&
                                   max_seqlen_k, options);
   return run_sequences(q, p, v.size(2), [&](int64_t b) {
     return SequenceKv{sequence(k, p.k_begin(b), p.k_end(b)),
-                      sequence(v, p.k_begin(b), p.k_end(b)), nullptr};
+                      sequence(v, p.k_begin(b), p.k_end(b)), nullptr, nullptr};
   });
 }
 
@@ -180,7 +181,8 @@ AttentionResult attention_varlen_paged(const Tensor& q, const Tensor& k_pages,
   serving::check_sequence_options(options, Hq);
   auto keys = [&](int64_t b) {
     const int64_t n = p.k_end(b) - p.k_begin(b);
-    return SequenceKv{cache.rows(false, b, n), cache.rows(true, b, n), cache.pages(b)};
+    return SequenceKv{cache.rows(false, b, n), cache.rows(true, b, n), cache.pages(b),
+                      cache.dequant()};
   };
   for (int64_t b = 0; b < p.batch(); ++b) {
     p.calls.emplace_back(options, p.q_end(b) - p.q_begin(b), p.k_end(b) - p.k_begin(b),
@@ -192,7 +194,7 @@ AttentionResult attention_varlen_paged(const Tensor& q, const Tensor& k_pages,
                cache.capacity(), ")");
     cache.check_pages(b, n);
     const SequenceKv kv = keys(b);
-    p.calls.back().check(sequence(q, p.q_begin(b), p.q_end(b)), kv.k, kv.v);
+    p.calls.back().check(sequence(q, p.q_begin(b), p.q_end(b)), kv.k, kv.v, kv.dequant);
   }
   return run_sequences(q, p, cache.value_dim(), keys);
 }

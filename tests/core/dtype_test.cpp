@@ -28,7 +28,8 @@ float bits_to_float(uint32_t u) {
 TEST(DType, SizesNamesAndParsing) {
   const std::pair<DType, size_t> sizes[] = {
       {DType::kFloat32, 4}, {DType::kFloat64, 8}, {DType::kBFloat16, 2}, {DType::kFloat16, 2},
-      {DType::kBool, 1},    {DType::kInt32, 4},   {DType::kInt64, 8}};
+      {DType::kBool, 1},    {DType::kInt32, 4},   {DType::kInt64, 8},
+      {DType::kFloat8E4M3FN, 1}};
   for (const auto& [d, size] : sizes) {
     EXPECT_EQ(element_size(d), size);
     EXPECT_EQ(parse_dtype(dtype_name(d)), d);
@@ -46,6 +47,7 @@ TEST(DType, SizesNamesAndParsing) {
   EXPECT_FALSE(is_floating(DType::kBool));
   EXPECT_FALSE(is_floating(DType::kInt32));
   EXPECT_FALSE(is_floating(DType::kInt64));
+  EXPECT_FALSE(is_floating(DType::kFloat8E4M3FN));  // a cache storage type only
 }
 
 TEST(Device, NamesAndEquality) {
