@@ -1,14 +1,17 @@
 #pragma once
 // vdpbf16ps kernels of the split-KV decode path (flash_decode_tile.cc): few query rows
-// against bf16 key and value rows read in place, with no packing (each row is read once).
-// Like bf16_dot.h, intrinsics behind the runtime check bf16_dot_available().
+// against bf16 key and value rows read in place, with no packing (each row is read once);
+// float8_e4m3fn rows (a quantized KV cache) are widened to bf16 as they are loaded
+// (e4m3_bf16.h). Like bf16_dot.h, intrinsics behind the runtime check bf16_dot_available().
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
+#include "cpu/e4m3_bf16.h"
 #include "cpu/rows_ahead.h"
 
 namespace sdpa::cpu {
@@ -23,15 +26,28 @@ struct Bf16Rows {
   const uint16_t* row(int64_t r) const { return data + r * stride; }
 };
 
-/// bf16 key or value rows of a kv head read in place: row c at data + c * stride, of
-/// head_dim elements of unit stride (nothing past them is read); rows c >= count are not
-/// read.
-struct Bf16KvRows {
-  const uint16_t* data;
+/// Key or value rows of a kv head read in place, T = uint16_t for bf16 bits or uint8_t for
+/// float8_e4m3fn codes: row c at data + c * stride, of head_dim elements of unit stride
+/// (nothing past them is read); rows c >= count are not read.
+template <class T>
+struct KvRowsOf {
+  const T* data;
   int64_t stride;
   int64_t head_dim;
   int64_t count;
 };
+using Bf16KvRows = KvRowsOf<uint16_t>;
+
+/// 32 elements at p of a row of T as bf16 bits (those outside `mask` read as 0).
+template <class T>
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline __m512i LoadBf16Words(
+    const E4M3Bf16Table& table, const T* p, __mmask32 mask) {
+  if constexpr (std::is_same_v<T, uint8_t>) {
+    return E4M3ToBf16(table, p, mask);
+  } else {
+    return _mm512_maskz_loadu_epi16(mask, p);
+  }
+}
 
 /// Float32 rows written by the kernels below (scores): row r at data + r * stride.
 struct Float32Rows {
@@ -83,12 +99,14 @@ struct Bf16KeyGroup {
   int64_t head_dim;
 };
 
-// Scores of query rows q.row(0 .. 3) against the 16 whole key rows of `keys` (head_dim a
-// multiple of 32) into scores.row(0 .. 3)[0, 16), times scale, 4 keys at a time: each key
-// vector loaded serves all 4 rows' accumulators, a quarter of the key loads of one row at
-// a time (decode 10% faster hot).
-__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline void Bf16ScoreFourRows(
-    const Bf16Rows& q, const Bf16KeyGroup& keys, float scale, const Float32Rows& scores) {
+// Scores of query rows q.row(0 .. 3) against the 16 whole key rows of `keys` (elements of
+// T, head_dim a multiple of 32) into scores.row(0 .. 3)[0, 16), times scale, 4 keys at a
+// time: each key vector loaded serves all 4 rows' accumulators, a quarter of the key loads
+// of one row at a time (decode 10% faster hot).
+template <class T>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline void
+Bf16ScoreFourRows(const Bf16Rows& q, const Bf16KeyGroup& keys, float scale,
+                  const Float32Rows& scores, const E4M3Bf16Table& table) {
   const uint16_t* q_data = q.data;
   float* scores_data = scores.data;
   const char* base = keys.base;
@@ -101,7 +119,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline voi
       __m512bh qv[4];
       for (int r = 0; r < 4; ++r) qv[r] = (__m512bh)_mm512_loadu_si512(q_data + r * ld_q + e);
       for (int k = 0; k < 4; ++k) {
-        const __m512bh kv = (__m512bh)_mm512_loadu_si512(base + offset[kb + k] + 2 * e);
+        const T* key = reinterpret_cast<const T*>(base + offset[kb + k]) + e;
+        const __m512bh kv = (__m512bh)LoadBf16Words(table, key, ~__mmask32{0});
         for (int r = 0; r < 4; ++r) acc[4 * r + k] = _mm512_dpbf16_ps(acc[4 * r + k], qv[r], kv);
       }
     }
@@ -117,10 +136,14 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline voi
 /// Scores of few query rows against key rows read in place (decoding):
 /// scores.row(r)[c] = scale * q_r . key_c for r < q.rows and c in [0, n) (n a multiple of
 /// 16), q_r = q.row(r) (bf16 bits, zero-padded to a multiple of 32) and key_c row c of
-/// `keys`; keys c >= keys.count are not read (score 0), nor is anything past a key row's
-/// head_dim (masked loads).
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys(
-    const Bf16Rows& q, const Bf16KvRows& keys, int64_t n, float scale, const Float32Rows& scores) {
+/// `keys` (bf16 bits or float8_e4m3fn codes); keys c >= keys.count are not read (score 0),
+/// nor is anything past a key row's head_dim (masked loads).
+template <class T>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void Bf16ScoreKeys(
+    const Bf16Rows& q, const KvRowsOf<T>& keys, int64_t n, float scale,
+    const Float32Rows& scores) {
+  // Unused (and dropped by the compiler) for bf16 rows.
+  const E4M3Bf16Table table = LoadE4M3Bf16Table();
   const uint16_t* q_data = q.data;
   float* scores_data = scores.data;
   const int64_t rows = q.rows, ld_q = q.stride, ld_scores = scores.stride;
@@ -131,15 +154,16 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys
     const int64_t in_group = std::clamp<int64_t>(valid - c, 0, 16);
     int64_t offset[16];
     for (int k = 0; k < 16; ++k) {
-      offset[k] = std::min<int64_t>(c + k, std::max<int64_t>(valid - 1, 0)) * key_stride * 2;
+      offset[k] = std::min<int64_t>(c + k, std::max<int64_t>(valid - 1, 0)) * key_stride *
+                  static_cast<int64_t>(sizeof(T));
     }
     const char* base = reinterpret_cast<const char*>(keys.data);
     const int64_t whole = in_group == 16 ? head_dim / 32 * 32 : 0;  // unmasked part
     int64_t r = 0;
     if (whole == head_dim) {
       for (; r + 4 <= rows; r += 4) {
-        Bf16ScoreFourRows({q_data + r * ld_q, ld_q, 4}, {base, offset, head_dim}, scale,
-                          {scores_data + r * ld_scores + c, ld_scores});
+        Bf16ScoreFourRows<T>({q_data + r * ld_q, ld_q, 4}, {base, offset, head_dim}, scale,
+                             {scores_data + r * ld_scores + c, ld_scores}, table);
       }
     }
     for (; r < rows; ++r) {
@@ -149,7 +173,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys
       for (int64_t e = 0; e < whole; e += 32) {
         const __m512bh qv = (__m512bh)_mm512_loadu_si512(qr + e);
         for (int k = 0; k < 16; ++k) {
-          const __m512bh kv = (__m512bh)_mm512_loadu_si512(base + offset[k] + 2 * e);
+          const T* key = reinterpret_cast<const T*>(base + offset[k]) + e;
+          const __m512bh kv = (__m512bh)LoadBf16Words(table, key, ~__mmask32{0});
           acc[k] = _mm512_dpbf16_ps(acc[k], qv, kv);
         }
       }
@@ -159,7 +184,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16ScoreKeys
         const __m512bh qv = (__m512bh)_mm512_loadu_si512(qr + e);
         for (int k = 0; k < 16; ++k) {  // a constant trip count keeps acc in registers
           const __mmask32 load = k < in_group ? tail : __mmask32{0};
-          const __m512bh kv = (__m512bh)_mm512_maskz_loadu_epi16(load, base + offset[k] + 2 * e);
+          const T* key = reinterpret_cast<const T*>(base + offset[k]) + e;
+          const __m512bh kv = (__m512bh)LoadBf16Words(table, key, load);
           acc[k] = _mm512_dpbf16_ps(acc[k], qv, kv);
         }
       }
@@ -176,19 +202,19 @@ inline constexpr int64_t kValueBlock = 32;
 // 32 elements, the last one masked to `tail` when kTail; without kPair, row c + 1 reads as 0
 // (an odd last key: its P padding column weighs 0). vpunpck{l,h}wd interleave the two
 // rows within each 128-bit lane, so each 32-bit lane holds one element of both rows.
-template <int kRows, int kBlocks, bool kTail, bool kPair>
-__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline void AccumulateKeyPair(
-    __m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p, const Bf16KvRows& values, int64_t c,
-    __mmask32 tail) {
-  const uint16_t* row0 = values.data + c * values.stride;
+template <class T, int kRows, int kBlocks, bool kTail, bool kPair>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline void
+AccumulateKeyPair(__m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p, const KvRowsOf<T>& values,
+                  int64_t c, __mmask32 tail, const E4M3Bf16Table& table) {
+  const T* row0 = values.data + c * values.stride;
   const int64_t value_stride = values.stride;
   __m512bh pairs[2 * kBlocks];
 #pragma GCC unroll 4
   for (int blk = 0; blk < kBlocks; ++blk) {
     const bool masked = kTail && blk == kBlocks - 1;
     const __mmask32 load = masked ? tail : ~__mmask32{0};
-    const __m512i x = _mm512_maskz_loadu_epi16(load, row0 + 32 * blk);
-    const __m512i y = kPair ? _mm512_maskz_loadu_epi16(load, row0 + value_stride + 32 * blk)
+    const __m512i x = LoadBf16Words(table, row0 + 32 * blk, load);
+    const __m512i y = kPair ? LoadBf16Words(table, row0 + value_stride + 32 * blk, load)
                             : _mm512_setzero_si512();
     pairs[2 * blk] = (__m512bh)_mm512_unpacklo_epi16(x, y);
     pairs[2 * blk + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
@@ -207,15 +233,17 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) inline voi
 // + P . values for the values.count keys, with the accumulators held in registers over all
 // of them. `values` start at the pass's first element; their head_dim is the whole rows',
 // which the requests for the rows `ahead` (spaced like them) read.
-template <int kRows, int kBlocks, bool kTail>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void Bf16ValueTile(
-    const Bf16Rows& p, const Bf16KvRows& values, __mmask32 tail, const RescaledAccumulators& acc,
+template <class T, int kRows, int kBlocks, bool kTail>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16ValueTile(
+    const Bf16Rows& p, const KvRowsOf<T>& values, __mmask32 tail, const RescaledAccumulators& acc,
     const RowsAhead& ahead) {
+  // Unused (and dropped by the compiler) for bf16 rows.
+  const E4M3Bf16Table table = LoadE4M3Bf16Table();
   constexpr int kVecs = 2 * kBlocks;
   // Copies and scalars of the operands, so that the key loop below reads them from
   // registers, not through the references.
   const Bf16Rows p_rows = p;
-  const Bf16KvRows value_rows = values;
+  const KvRowsOf<T> value_rows = values;
   const int64_t value_stride = values.stride, head_dim = values.head_dim, n = values.count;
   const int64_t ld_acc = acc.stride;
   __m512 a[kRows][kVecs];
@@ -230,11 +258,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void Bf16ValueTile(
   int64_t c = 0;
   for (; c + 1 < n; c += 2) {
     PrefetchRows(ahead, value_stride, head_dim, c, c + 2);
-    AccumulateKeyPair<kRows, kBlocks, kTail, true>(a, p_rows, value_rows, c, tail);
+    AccumulateKeyPair<T, kRows, kBlocks, kTail, true>(a, p_rows, value_rows, c, tail, table);
   }
   if (c < n) {
     PrefetchRows(ahead, value_stride, head_dim, c, c + 2);
-    AccumulateKeyPair<kRows, kBlocks, kTail, false>(a, p_rows, value_rows, c, tail);
+    AccumulateKeyPair<T, kRows, kBlocks, kTail, false>(a, p_rows, value_rows, c, tail, table);
   }
 #pragma GCC unroll 2
   for (int r = 0; r < kRows; ++r) {
@@ -260,22 +288,23 @@ inline constexpr int kValueRowsPerPass = 2;
 /// restores (once per row at the end): vpunpck{l,h}wd interleave two rows within 128-bit
 /// lanes, cheaper than the cross-lane permute that element order would need. The rows
 /// `ahead` (spaced like the value rows) are requested into L2 along the way: memory streams
-/// them while this computes.
+/// them while this computes. Value rows of T as in KvRowsOf.
+template <class T>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16AccumulateValues(
-    const Bf16Rows& p, const Bf16KvRows& values, const RescaledAccumulators& acc,
+    const Bf16Rows& p, const KvRowsOf<T>& values, const RescaledAccumulators& acc,
     const RowsAhead& ahead) {
-  using Tile = void (*)(const Bf16Rows&, const Bf16KvRows&, __mmask32, const RescaledAccumulators&,
-                        const RowsAhead&);
+  using Tile = void (*)(const Bf16Rows&, const KvRowsOf<T>&, __mmask32,
+                        const RescaledAccumulators&, const RowsAhead&);
   // [query rows - 1][blocks - 1][last block masked]
   static constexpr Tile kTiles[kValueRowsPerPass][kValueBlocksPerPass][2] = {
-      {{Bf16ValueTile<1, 1, false>, Bf16ValueTile<1, 1, true>},
-       {Bf16ValueTile<1, 2, false>, Bf16ValueTile<1, 2, true>},
-       {Bf16ValueTile<1, 3, false>, Bf16ValueTile<1, 3, true>},
-       {Bf16ValueTile<1, 4, false>, Bf16ValueTile<1, 4, true>}},
-      {{Bf16ValueTile<2, 1, false>, Bf16ValueTile<2, 1, true>},
-       {Bf16ValueTile<2, 2, false>, Bf16ValueTile<2, 2, true>},
-       {Bf16ValueTile<2, 3, false>, Bf16ValueTile<2, 3, true>},
-       {Bf16ValueTile<2, 4, false>, Bf16ValueTile<2, 4, true>}}};
+      {{Bf16ValueTile<T, 1, 1, false>, Bf16ValueTile<T, 1, 1, true>},
+       {Bf16ValueTile<T, 1, 2, false>, Bf16ValueTile<T, 1, 2, true>},
+       {Bf16ValueTile<T, 1, 3, false>, Bf16ValueTile<T, 1, 3, true>},
+       {Bf16ValueTile<T, 1, 4, false>, Bf16ValueTile<T, 1, 4, true>}},
+      {{Bf16ValueTile<T, 2, 1, false>, Bf16ValueTile<T, 2, 1, true>},
+       {Bf16ValueTile<T, 2, 2, false>, Bf16ValueTile<T, 2, 2, true>},
+       {Bf16ValueTile<T, 2, 3, false>, Bf16ValueTile<T, 2, 3, true>},
+       {Bf16ValueTile<T, 2, 4, false>, Bf16ValueTile<T, 2, 4, true>}}};
   constexpr int64_t kPass = kValueBlocksPerPass * kValueBlock;
   const int64_t rows = p.rows, head_dim_v = values.head_dim, n = values.count;
   for (int64_t e = 0; e < head_dim_v; e += kPass) {

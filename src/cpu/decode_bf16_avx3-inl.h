@@ -1,8 +1,8 @@
 // Per-ISA: the decode routes (decode_routes-inl.h) of the AVX-512 level through vdpbf16ps
-// (bf16_decode.h): bf16 key rows and value rows read in place, q and P as bf16 bits. Other
-// targets take the float32 routes only (uses_bf16_dot() holds only at this level).
-// WithDecodeRoutes chooses a call's routes on every target. Include after
-// foreach_target.h.
+// (bf16_decode.h): bf16 (or float8_e4m3fn, widened as loaded) key and value rows read in
+// place, q and P as bf16 bits. Other targets take the float32 routes only
+// (decode_uses_bf16_dot() holds only at this level). WithDecodeRoutes chooses a call's
+// routes on every target. Include after foreach_target.h.
 
 #if defined(SDPA_CPU_DECODE_BF16_AVX3_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef SDPA_CPU_DECODE_BF16_AVX3_INL_H_
@@ -12,6 +12,7 @@
 #endif
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cpu/bf16_decode.h"
 #include "cpu/bf16_dot.h"
@@ -24,8 +25,17 @@ namespace sdpa::cpu {
 namespace HWY_NAMESPACE {
 
 #if HWY_TARGET == HWY_AVX3
-/// Key route: bf16 key rows of unit stride by vdpbf16ps; q as bf16 bits, unscaled (the
-/// scale multiplies the float32 scores).
+// What a float8 cache's rows are multiplied by (the table widens codes to their values);
+// 1 for bf16 rows.
+template <class T>
+HWY_INLINE float RowDequant(const RowView& rows) {
+  return std::is_same_v<T, uint8_t> ? rows.dequant_scale() : 1.0f;
+}
+
+/// Key route: key rows of unit stride by vdpbf16ps, T = uint16_t for bf16 rows or uint8_t
+/// for a float8 cache's; q as bf16 bits, unscaled (the scale, and a float8 cache's key
+/// scale, multiply the float32 scores).
+template <class T>
 struct Bf16Keys {
   HWY_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
                             int64_t r) const {
@@ -49,17 +59,18 @@ struct Bf16Keys {
         Prefetch(k_rows, ahead);
         if (call.values_ahead && ahead < call.first_tile_end) Prefetch(*call.values_ahead, ahead);
       }
-      Bf16ScoreKeys({call.ws.q_bf16, call.e_pad, call.rows},
-                    {static_cast<const uint16_t*>(k_rows.row_data(j0 + c)), k_rows.row_stride(),
-                     k_rows.cols(), S - j0 - c},
-                    16, call.scale, {call.ws.scores + c, kBlockKv});
+      Bf16ScoreKeys<T>({call.ws.q_bf16, call.e_pad, call.rows},
+                       {static_cast<const T*>(k_rows.row_data(j0 + c)), k_rows.row_stride(),
+                        k_rows.cols(), S - j0 - c},
+                       16, call.scale * RowDequant<T>(k_rows), {call.ws.scores + c, kBlockKv});
     }
   }
 };
 
-/// Value route: bf16 value rows of unit stride by vdpbf16ps, with P rounded to bf16 (as
-/// the FLASH forward's bf16 path does); the accumulators come out in the order
-/// ValueOrderToElements restores.
+/// Value route: value rows of unit stride (T as in Bf16Keys) by vdpbf16ps, with P rounded
+/// to bf16 (as the FLASH forward's bf16 path does); the accumulators come out in the order
+/// ValueOrderToElements restores, and Finish applies a float8 cache's value scale.
+template <class T>
 struct Bf16Values {
   static constexpr bool kInPlace = true;
   static constexpr bool kRescalesAcc = true;  // Bf16AccumulateValues applies alpha
@@ -96,8 +107,8 @@ struct Bf16Values {
                                                                    1, 1, 1, 1, 1, 1, 1, 1};
     for (int64_t c = pair_begin; c < c_end;) {
       const int64_t end = c + std::min(c_end - c, v_rows.rows_in_run(j0 + c));
-      Bf16AccumulateValues({ws.p_bf16 + c, kBlockKv, call.rows},
-                           {static_cast<const uint16_t*>(v_rows.row_data(j0 + c)),
+      Bf16AccumulateValues<T>({ws.p_bf16 + c, kBlockKv, call.rows},
+                           {static_cast<const T*>(v_rows.row_data(j0 + c)),
                             v_rows.row_stride(), v_rows.cols(), end - c},
                            {c == pair_begin ? call.state.alpha : kNoRescale, call.state.o,
                             call.ev_pad},
@@ -110,6 +121,9 @@ struct Bf16Values {
     for (int64_t r = 0; r < call.rows; ++r) {
       ValueOrderToElements(call.state.o + r * call.ev_pad, call.ev_pad);
     }
+    if (std::is_same_v<T, uint8_t>) {
+      ScaleRow(call.state.o, call.rows * call.ev_pad, RowDequant<T>(call.v_rows));
+    }
   }
 };
 
@@ -117,8 +131,12 @@ struct Bf16Values {
 template <class F>
 HWY_INLINE void WithDecodeRoutes(const DecodeScratch& ws, bool has_dropout, const F& f) {
   if (!ws.bf16_keys) return WithFloat32Routes(ws, f);
-  if (ws.bf16_values) return f(Bf16Keys(), Bf16Values{!has_dropout});
-  f(Bf16Keys(), ValuesInTile());
+  if (ws.kv_rows == KvRows::kFloat8E4M3FN) {
+    if (ws.bf16_values) return f(Bf16Keys<uint8_t>(), Bf16Values<uint8_t>{!has_dropout});
+    return f(Bf16Keys<uint8_t>(), ValuesInTile());
+  }
+  if (ws.bf16_values) return f(Bf16Keys<uint16_t>(), Bf16Values<uint16_t>{!has_dropout});
+  f(Bf16Keys<uint16_t>(), ValuesInTile());
 }
 #else
 /// Calls f(key route, value route) with the routes of a call whose scratch is ws.

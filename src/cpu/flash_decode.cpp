@@ -148,7 +148,7 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
   const int64_t ev_pad = round_up(std::max<int64_t>(p.head_dim_vo, 1), kDecodeRowPad);
   if (groups * rows == 0) return;
   const DecodeChunkFn chunk_fn = decode_chunk_for(active_capability());
-  const bool bf16_dot = uses_bf16_dot(p);
+  const bool bf16_dot = decode_uses_bf16_dot(p);
 
   ChunkPartials partials{nullptr, chunks, rows, ev_pad};
   const Tensor buffer = Tensor::empty(

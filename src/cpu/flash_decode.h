@@ -47,12 +47,14 @@ enum class KvRows { kBFloat16, kFloat16, kFloat32, kFloat8E4M3FN };
 inline constexpr float kE4M3FNInPlaceFactor = 256.0f;
 
 /// One thread's float32 working set for decode items. `bf16_dot`: uses_bf16_dot(params),
-/// decided on the calling thread (as FlashScratch's).
+/// or a bfloat16 call on a float8 cache at that level, decided on the calling thread (as
+/// FlashScratch's).
 struct DecodeScratch {
   DecodeScratch(const AttentionParams& params, bool bf16_dot);
   int64_t head_dim_qk_padded, head_dim_vo_padded;  ///< rounded up to kDecodeRowPad
   /// Scores through vdpbf16ps (uses_bf16_dot) from key rows read in place, when the keys
-  /// are bfloat16 rows of unit stride; q then also as bf16 bits, unscaled.
+  /// are bfloat16 or float8_e4m3fn (widened to bf16) rows of unit stride; q then also as
+  /// bf16 bits, unscaled.
   bool bf16_keys;
   /// P.v through vdpbf16ps from value rows read in place (bf16_keys and bfloat16 values
   /// of unit stride); P is rounded to bf16, as the FLASH forward's bf16 path does.

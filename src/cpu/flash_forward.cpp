@@ -25,6 +25,12 @@ bool uses_bf16_dot(const AttentionParams& p) {
          bf16_dot_available();
 }
 
+bool decode_uses_bf16_dot(const AttentionParams& p) {
+  return uses_bf16_dot(p) ||
+         (p.q.dtype() == DType::kBFloat16 && p.k.dtype() == DType::kFloat8E4M3FN &&
+          active_capability() == Capability::kAVX512 && bf16_dot_available());
+}
+
 FlashScratch::FlashScratch(const AttentionParams& params, bool bf16_dot)
     : head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kMaxLanes)),
       bf16_dot(bf16_dot),

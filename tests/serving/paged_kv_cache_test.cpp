@@ -23,18 +23,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using serving_test::int32s;
+using serving_test::max_abs_diff;
 using serving_test::randn;
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(DType::kFloat64).contiguous(), y = b.to(DType::kFloat64).contiguous();
-  double worst = 0;
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    const double u = x.data<double>()[i], v = y.data<double>()[i];
-    if (std::isinf(u) && u == v) continue;
-    worst = std::max(worst, std::isnan(u) != std::isnan(v) ? 1e30 : std::abs(u - v));
-  }
-  return worst;
-}
 
 // A paged copy of contiguous caches [B, S_max, Hkv, D]: pages shuffled through a pool
 // with spare pages, the table [B, S_max / page_size].

@@ -1,7 +1,9 @@
 #pragma once
 // Inputs of the serving tests: normal random tensors (never zeros) and int32 index
-// tensors (cache lengths, block tables, offsets).
+// tensors (cache lengths, block tables, offsets); the comparison of two results.
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -18,6 +20,19 @@ inline Tensor randn(const Shape& shape, uint32_t seed, DType dtype = DType::kFlo
   Tensor t = Tensor::empty(shape, DType::kFloat64);
   for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = normal(rng);
   return t.to(dtype);
+}
+
+/// The largest |a - b| over the elements (a NaN against a number counts 1e30; equal
+/// infinities 0).
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.to(DType::kFloat64).contiguous(), y = b.to(DType::kFloat64).contiguous();
+  double worst = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double u = x.data<double>()[i], v = y.data<double>()[i];
+    if (std::isinf(u) && u == v) continue;
+    worst = std::max(worst, std::isnan(u) != std::isnan(v) ? 1e30 : std::abs(u - v));
+  }
+  return worst;
 }
 
 /// An int32 tensor of `shape` (default: 1-D) holding `values` (row-major).
