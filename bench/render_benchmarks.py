@@ -52,11 +52,11 @@ What is measured:
   floating-point operations (q·kᵀ and P·v), halved when causal; the backward counts 2.5x
   the forward.
 - **Machine limits** (`sdpa bench --peak-only`): fp32 FMA throughput of the vector ISA
-  the kernels run at (the widest the CPU has, or the level `SDPA_CPU_CAPABILITY` sets), bf16
-  dot throughput (`vdpbf16ps`, only at the AVX-512 level on CPUs with avx512_bf16) and the bandwidth
-  of a 256 MiB memcpy split over the threads, counting bytes read plus written. "% of
-  peak" compares a row with the fp32 limit, or with the bf16 limit for bfloat16 rows where
-  the CPU has one (float16 computes in float32).
+  the kernels run at (the widest the CPU has, or the level `SDPA_CPU_CAPABILITY` sets),
+  bf16 dot throughput (`vdpbf16ps`, only at the AVX-512 level on CPUs with avx512_bf16)
+  and the bandwidth of a 256 MiB memcpy split over the threads, counting bytes read plus
+  written. "% of peak" compares a row with the fp32 limit, or with the bf16 limit for
+  bfloat16 rows where the CPU has one (float16 computes in float32).
 - **Extra memory** is the peak of sdpa's allocation counters during the call above what
   was held before it: outputs (and gradients) included, inputs not.
 - **MATH** is the unblocked reference backend every other backend is tested against, not
@@ -414,8 +414,9 @@ def render_host(kind: str, docs: dict[str, dict]) -> list[str]:
     if set(docs) == {"compare_torch_cuda"}:  # a GPU host: its file describes the device
         return [f"## {kind}", ""] + render_compare_torch_cuda(docs["compare_torch_cuda"])
     h = host_of(docs)
-    torch_level = (f", torch's at the {h['torch_cpu_capability']} level"
-                   if "torch_cpu_capability" in h else "")
+    torch_host = docs.get("compare_torch", {}).get("host", {})
+    torch_level = (f", torch's at the {torch_host['torch_cpu_capability']} level"
+                   if "torch_cpu_capability" in torch_host else "")
     out = [f"## {kind}", ""] + para(
         f"{h['cpu_model']}; sdpa kernels at the {h['cpu_capability']} level{torch_level}, "
         f"avx512_bf16 {yes_no(h['avx512_bf16'])}, {h['threads']} threads.")
