@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <array>
+#include <bit>
 #include <cstdint>
 
 #include "cpu/rows.h"
@@ -22,7 +23,7 @@ inline const std::array<uint16_t, 128> kE4M3Bf16Bits = [] {
   std::array<uint16_t, 128> bits{};
   for (size_t code = 0; code < bits.size(); ++code) {
     const uint32_t f = std::bit_cast<uint32_t>(kE4M3FNValues[code]);
-    bits[code] = static_cast<uint16_t>(code == 127 ? 0x7fc0u : f >> 16);  // exact: 4 bits
+    bits[code] = static_cast<uint16_t>(f >> 16);  // exact: 4 significant bits, or NaN
   }
   return bits;
 }();
