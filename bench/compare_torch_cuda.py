@@ -6,6 +6,8 @@ E 128 -> H 16), L in 512 .. 16384 (--quick: 1024, 4096, 8192), causal and not, t
 forward and forward+backward. Contenders on identical random [B, H, L, E] inputs:
 
   sdpa         sdpa.scaled_dot_product_attention (its own choice; CUDNN_ATTENTION expected)
+  sdpa-flash   the same inside sdpa.sdpa_kernel(FLASH_ATTENTION): sdpa's own CUDA kernels
+               (forward only: their backward is not written yet)
   torch-cudnn  torch SDPA inside sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
   torch-flash  torch SDPA inside sdpa_kernel(SDPBackend.FLASH_ATTENTION)
 
@@ -91,8 +93,13 @@ def attention_fns(q, k, v, causal: bool) -> dict:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return call
 
+    def sdpa_flash():
+        with sdpa.sdpa_kernel(sdpa.SDPBackend.FLASH_ATTENTION):
+            return sdpa.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
     return {
         "sdpa": lambda: sdpa.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        "sdpa-flash": sdpa_flash,
         "torch-cudnn": torch_with(SDPBackend.CUDNN_ATTENTION),
         "torch-flash": torch_with(SDPBackend.FLASH_ATTENTION),
     }
@@ -114,14 +121,17 @@ def run_shape(l: int, e: int, causal: bool, warmup_ms: float, rep_ms: float) -> 
     chosen = sdpa.scaled_dot_product_attention_with_lse(q, k, v, is_causal=causal).backend.name
     base = {"B": b, "H": h, "L": l, "S": l, "E": e, "causal": causal, "sdpa_backend": chosen}
     fns = attention_fns(q, k, v, causal)
-    agreement = None
+    agreement = flash_agreement = None
     try:
-        agreement = rel_error(fns["sdpa"](), fns["torch-flash"]())
+        reference = fns["torch-flash"]()
+        agreement = rel_error(fns["sdpa"](), reference)
+        flash_agreement = rel_error(fns["sdpa-flash"](), reference)
     except RuntimeError as err:  # torch-flash unsupported: nothing to compare with
         print(f"  (no agreement check: {str(err).splitlines()[0]})", file=sys.stderr)
-    if agreement is not None and agreement > TOLERANCE:
-        print(f"  WARNING: L={l} E={e} causal={causal}: sdpa differs from torch-flash by "
-              f"{agreement:.2e} (> {TOLERANCE})", file=sys.stderr)
+    for name, value in (("sdpa", agreement), ("sdpa-flash", flash_agreement)):
+        if value is not None and value > TOLERANCE:
+            print(f"  WARNING: L={l} E={e} causal={causal}: {name} differs from torch-flash "
+                  f"by {value:.2e} (> {TOLERANCE})", file=sys.stderr)
     too_big = chosen == "MATH" and b * h * l * l * 4 > MATH_SCORE_BYTES_LIMIT
     grads = [x.detach().requires_grad_() for x in (q, k, v)]
     grad_out = torch.randn(b, h, l, e, device="cuda", dtype=DTYPE)
@@ -135,10 +145,13 @@ def run_shape(l: int, e: int, causal: bool, warmup_ms: float, rep_ms: float) -> 
     fwd_flops = forward_flops(b, h, l, e, causal)
     for name in fns:
         for passes, flops in (("fwd", fwd_flops), ("fwd+bwd", 3.5 * fwd_flops)):
-            row = dict(base, impl=name, passes=passes, agreement=agreement, ms=None,
-                       tflops=None, error=None)
+            row = dict(base, impl=name, passes=passes,
+                       agreement=flash_agreement if name == "sdpa-flash" else agreement,
+                       ms=None, tflops=None, error=None)
             if name == "sdpa" and too_big:
                 row["error"] = "skipped: MATH would materialize the scores"
+            elif name == "sdpa-flash" and passes != "fwd":
+                row["error"] = "skipped: no CUDA FLASH backward yet"
             else:
                 try:
                     if passes == "fwd":
@@ -191,16 +204,20 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         by_case.setdefault((r["L"], r["E"], r["causal"], r["passes"]), {})[r["impl"]] = r
     print("| L | B | H | E | causal | pass | sdpa backend | sdpa ms | sdpa TFLOP/s "
-          "| torch-cudnn TFLOP/s | torch-flash TFLOP/s | sdpa / best torch |")
-    print("|---:|---:|---:|---:|:---:|:---|:---|---:|---:|---:|---:|---:|")
+          "| torch-cudnn TFLOP/s | torch-flash TFLOP/s | sdpa / best torch "
+          "| sdpa-flash TFLOP/s | sdpa-flash / torch-flash |")
+    print("|---:|---:|---:|---:|:---:|:---|:---|---:|---:|---:|---:|---:|---:|---:|")
     for (l, e, causal, passes), impls in by_case.items():
         s = impls["sdpa"]
         best = max((impls[n]["tflops"] or 0.0) for n in ("torch-cudnn", "torch-flash"))
         ratio = s["tflops"] / best if s["tflops"] and best else None
+        own, fa2 = impls["sdpa-flash"]["tflops"], impls["torch-flash"]["tflops"]
+        own_ratio = own / fa2 if own and fa2 else None
         print(f"| {l} | {s['B']} | {s['H']} | {e} | {'yes' if causal else 'no'} | {passes} "
               f"| {s['sdpa_backend']} | {fmt(s['ms'], '.3f')} | {fmt(s['tflops'], '.0f')} "
               f"| {fmt(impls['torch-cudnn']['tflops'], '.0f')} "
-              f"| {fmt(impls['torch-flash']['tflops'], '.0f')} | {fmt(ratio, '.2f')} |")
+              f"| {fmt(impls['torch-flash']['tflops'], '.0f')} | {fmt(ratio, '.2f')} "
+              f"| {fmt(own, '.0f')} | {fmt(own_ratio, '.2f')} |")
 
 
 def main() -> int:

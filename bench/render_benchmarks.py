@@ -317,7 +317,9 @@ def render_compare_torch_cuda(doc: dict) -> list[str]:
         "sdpa_kernel(FLASH_ATTENTION) (FlashAttention-2). Each is timed as "
         "triton.testing.do_bench times (L2 flushed, CUDA events, median of the repetitions); "
         "TFLOP/s count the forward as 4·B·H·L·S·E, halved when causal, and forward+backward "
-        "as 3.5x that. The last two columns are sdpa's TFLOP/s over each torch backend's.")
+        "as 3.5x that. 'vs torch-cudnn' and 'vs torch-flash' are sdpa's TFLOP/s over each "
+        "torch backend's; sdpa-flash is sdpa inside sdpa_kernel(FLASH_ATTENTION), its own "
+        "CUDA kernels (forward only: their backward is not written yet).")
     by_case: dict = {}
     for r in doc["rows"]:
         by_case.setdefault((r["L"], r["E"], r["causal"], r["passes"]), {})[r["impl"]] = r
@@ -332,12 +334,15 @@ def render_compare_torch_cuda(doc: dict) -> list[str]:
     body = []
     for (l, e, causal, passes), impls in by_case.items():
         s, cudnn, flash = impls["sdpa"], impls.get("torch-cudnn"), impls.get("torch-flash")
+        own = impls.get("sdpa-flash")
         body.append([str(l), str(s["B"]), str(s["H"]), str(e), yes_no(causal), passes,
                      s["sdpa_backend"], fmt_ms(s["ms"]) if s.get("ms") else "-", tflops(s),
-                     tflops(cudnn), tflops(flash), ratio(s, cudnn), ratio(s, flash)])
+                     tflops(cudnn), tflops(flash), ratio(s, cudnn), ratio(s, flash),
+                     tflops(own), ratio(own, flash) if own else "-"])
     out += table(["L", "B", "H", "E", "causal", "pass", "sdpa backend", "sdpa ms",
                   "sdpa TFLOP/s", "torch-cudnn TFLOP/s", "torch-flash TFLOP/s",
-                  "vs torch-cudnn", "vs torch-flash"], body) + [""]
+                  "vs torch-cudnn", "vs torch-flash", "sdpa-flash TFLOP/s",
+                  "sdpa-flash vs torch-flash"], body) + [""]
     overhead = ", ".join(f"{name} {fmt(us, 1)}" for name, us in doc["host_overhead_us"].items())
     return out + para("Host time per call on a cuDNN graph-cache hit (B=1, H=8, L=128, E=64, "
                       f"200 calls queued without synchronizing, median of 5 rounds), µs: "

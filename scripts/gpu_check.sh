@@ -13,6 +13,9 @@
 #   GPU_CHECK_TARGETS=sdpa_cuda_tests ...                       # builds only those targets
 #   GPU_CHECK_GTEST_FILTER='CudnnFlex*' GPU_CHECK_PYTESTS=python/tests/test_cuda_flex.py \
 #     bash scripts/gpu_check.sh                                   # a subset of the tests
+#   GPU_CHECK_BIN=carried/bin bash scripts/gpu_check.sh   # sdpa_cuda_tests and
+#     sdpa_cuda_host_overhead built elsewhere (same CUDA major, sm_80/90a): only the Python
+#     extension is built, beside the C++ tests
 #
 # It builds the CUDA parts first (the C++ tests and the Python extension). Offline GPU
 # machines: run scripts/gpu_deps.sh where there is network and bring .gpu-deps/ and
@@ -57,22 +60,45 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt"
 echo "GPU: $(cat "$out/gpu.txt"); $(nvcc --version | tail -n 1); cmake $(cmake --version | head -n 1 | cut -d' ' -f3)"
 
-bin=build/gpu/tests
 # Built for the GPU present (SDPA_GPU_ARCHS overrides): the CUDA tests, the Python
 # extension and the host-overhead benchmark only.
 step configure cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSDPA_CUDA=ON \
   -DSDPA_CUDNN=ON -DSDPA_BUILD_PYTHON=ON -DSDPA_BUILD_BENCH=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${SDPA_GPU_ARCHS:-native}" \
   -DCMAKE_PREFIX_PATH="$prefix_path" -DPython_EXECUTABLE="$(command -v python3)"
-step build cmake --build build/gpu --target ${GPU_CHECK_TARGETS:-sdpa_cuda_tests _C sdpa_cuda_host_overhead}
+if [ -n "${GPU_CHECK_BIN:-}" ]; then
+  bin=$GPU_CHECK_BIN overhead=$GPU_CHECK_BIN/sdpa_cuda_host_overhead
+fi
+if [ -n "${GPU_CHECK_BIN:-}" ] && [[ " ${GPU_CHECK_SKIP:-} " == *" build "* ]]; then
+  rows+=("| build | skipped (GPU_CHECK_SKIP) | 0 s |")
+elif [ -n "${GPU_CHECK_BIN:-}" ]; then
+  # The extension builds on the CPUs while the C++ tests use the GPU.
+  build_t0=$SECONDS
+  cmake --build build/gpu --target _C >"$out/build.log" 2>&1 &
+  build_pid=$!
+else
+  bin=build/gpu/tests overhead=build/gpu/bench/sdpa_cuda_host_overhead
+  step build cmake --build build/gpu --target ${GPU_CHECK_TARGETS:-sdpa_cuda_tests _C sdpa_cuda_host_overhead}
+fi
 step cpp_tests "$bin/sdpa_cuda_tests" --gtest_output="json:$out/cpp_tests.json" \
   --gtest_filter="${GPU_CHECK_GTEST_FILTER:-*}"
-# memcheck slows kernels ~50x: the MATH kernels (every kernel sdpa owns), one cuDNN call,
-# streams and device memory.
+# memcheck slows kernels ~50x: the kernels sdpa owns (MATH, FLASH) on small shapes, one
+# cuDNN call, streams and device memory; racecheck (shared memory) on the FLASH kernels.
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/sdpa_cuda_tests" \
-  --gtest_filter='CudaAttention.Math*:CudaAttention.CudnnTakesStridedInputs:CudaAttention.WorkRuns*:CudaAttention.Memory*:CudaAttention.Mixed*'
+  --gtest_filter='CudaAttention.Math*:CudaAttention.CudnnTakesStridedInputs:CudaAttention.WorkRuns*:CudaAttention.Memory*:CudaAttention.Mixed*:CudaFlash.NativeBiases:CudaFlash.RowsWithoutKeys*:CudaFlash.TakesEveryHeadDim*:CudaFlash.ValueHeadDim*'
+step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$bin/sdpa_cuda_tests" \
+  --gtest_filter='CudaFlash.ValueHeadDim*'
 
-step host_overhead build/gpu/bench/sdpa_cuda_host_overhead
+step host_overhead "$overhead"
+if [ -n "${build_pid:-}" ]; then
+  if wait "$build_pid"; then
+    rows+=("| build (extension) | pass | $((SECONDS - build_t0)) s |")
+  else
+    rows+=("| build (extension) | FAIL | $((SECONDS - build_t0)) s |")
+    status=1
+    tail -n 30 "$out/build.log"
+  fi
+fi
 
 # The Python package of this tree with the extension just built.
 stage=build/gpu/pystage
@@ -93,7 +119,7 @@ echo "| step | result | time |"
 echo "|---|---|---|"
 printf '%s\n' "${rows[@]}"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests ran" "$out/cpp_tests.log" 2>/dev/null | head -20
-grep -E "ERROR SUMMARY" "$out/memcheck.log" 2>/dev/null
+grep -E "(ERROR|RACECHECK) SUMMARY" "$out/memcheck.log" "$out/racecheck.log" 2>/dev/null
 cat "$out/host_overhead.log" 2>/dev/null
 grep -E "^(FAILED|ERROR)" "$out/py_tests.log" 2>/dev/null | head -n 30
 tail -n 1 "$out/py_tests.log" 2>/dev/null

@@ -220,10 +220,14 @@ def _relative_error(actual, expected):
 
 
 def _expected_backend(dtype, E, mask):
-    fused = sdpa.cuda.cudnn_is_built() and dtype != torch.float32 and E in (64, 128)
-    # cuDNN takes additive (float) masks; bool masks go to MATH.
+    """The backend a forward call picks on an sm_80+ GPU."""
+    half = dtype != torch.float32
+    fused = sdpa.cuda.cudnn_is_built() and half and E in (64, 128)
+    # cuDNN takes additive (float) masks; sdpa's own FLASH kernels any mask, forward.
     takes_mask = mask is None or mask.dtype != torch.bool
-    return "CUDNN_ATTENTION" if fused and takes_mask else "MATH"
+    if fused and takes_mask:
+        return "CUDNN_ATTENTION"
+    return "FLASH_ATTENTION" if half and E % 8 == 0 and E <= 256 else "MATH"
 
 
 @gpu
@@ -368,8 +372,13 @@ def test_explain_and_sdpa_kernel_on_cuda():
         result = sdpa.scaled_dot_product_attention_with_lse(q, k, v, enable_gqa=True)
     assert result.backend.name == "MATH"
     with sdpa.sdpa_kernel(sdpa.SDPBackend.FLASH_ATTENTION):
-        with pytest.raises(sdpa.Error, match="FLASH_ATTENTION"):
-            sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        result = sdpa.scaled_dot_product_attention_with_lse(q, k, v, enable_gqa=True)
+        assert result.backend.name == "FLASH_ATTENTION"
+        expected, _ = _reference(q, k, v)
+        assert _relative_error(result.out, expected) <= FORWARD_TOL[torch.bfloat16]
+        # float32 has no FLASH kernel on CUDA: the error names the backend and the reason.
+        with pytest.raises(sdpa.Error, match="FLASH_ATTENTION[^$]*dtype"):
+            sdpa.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
 
 
 @gpu

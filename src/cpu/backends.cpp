@@ -1,9 +1,11 @@
-// The CPU backends' records: MATH (the reference) and FLASH_ATTENTION, their named checks
-// and kernels.
+// The records of the built-in kernels: MATH (the reference; CPU and CUDA) and
+// FLASH_ATTENTION (the CPU kernels, and sdpa's own CUDA kernels in a CUDA build), their
+// named checks and kernels.
 
 #include <string>
 
 #include "cpu/kernels.h"
+#include "cuda/flash/flash.h"
 #include "cuda/math.h"
 #include "dispatch/backend_impl.h"
 
@@ -14,10 +16,16 @@ namespace {
 // bound keeps those tiles inside L2.
 constexpr int64_t kFlashCpuMaxHeadDim = 1024;
 
-bool check_cpu_device(const AttentionParams& p, Reasons& r) {
-  if (p.device.type == DeviceType::kCPU) return true;
-  r.add("tensors are on ", device_name(p.device), "; this backend runs on cpu");
+// FLASH runs on the CPU, and on CUDA devices in a CUDA build (cuda_kernel says what those
+// kernels take).
+bool check_flash_device(const AttentionParams& p, Reasons& r) {
+  if (p.device.type == DeviceType::kCPU || p.device.type == DeviceType::kCUDA) return true;
+  r.add("tensors are on ", device_name(p.device), "; this backend runs on cpu and cuda");
   return false;
+}
+
+bool check_flash_cuda_kernel(const AttentionParams& p, Reasons& r) {
+  return p.device.type != DeviceType::kCUDA || cuda::flash_supports(p, r);
 }
 
 // MATH runs everywhere the library has kernels: the CPU, and CUDA devices in a CUDA build.
@@ -29,6 +37,7 @@ bool check_math_device(const AttentionParams& p, Reasons& r) {
 }
 
 bool check_flash_cpu_head_dim(const AttentionParams& p, Reasons& r) {
+  if (p.device.type != DeviceType::kCPU) return true;  // cuda_kernel has the CUDA bounds
   if (p.head_dim_qk == 0 || p.head_dim_vo == 0) {
     r.add("head_dim 0: an empty dot product; MATH serves it");
     return false;
@@ -48,17 +57,25 @@ bool check_flash_cpu_mask_grad(const AttentionParams& p, Reasons& r) {
 }
 
 constexpr NamedCheck kMathChecks[] = {{"device", check_math_device}};
-constexpr NamedCheck kFlashChecks[] = {{"cpu_device", check_cpu_device},
+constexpr NamedCheck kFlashChecks[] = {{"device", check_flash_device},
                                        {"head_dim", check_flash_cpu_head_dim},
-                                       {"mask_grad", check_flash_cpu_mask_grad}};
+                                       {"mask_grad", check_flash_cpu_mask_grad},
+                                       {"cuda_kernel", check_flash_cuda_kernel}};
 
 }  // namespace
 
 // MATH is the reference: it sees every bias as its dense materialize().
-const BackendImpl kMathBackend{SDPBackend::MATH,      kMathChecks,         &cpu::math_forward,
-                               &cpu::math_backward,   false,               nullptr,
-                               nullptr,               &cuda::math_forward, &cuda::math_backward};
-const BackendImpl kFlashCpuBackend{SDPBackend::FLASH_ATTENTION, kFlashChecks,
-                                   &cpu::flash_forward, &cpu::flash_backward, true};
+const BackendImpl kMathBackend{
+    SDPBackend::MATH, kMathChecks, &cpu::math_forward,  &cpu::math_backward, false,
+    nullptr,          nullptr,     &cuda::math_forward, &cuda::math_backward};
+const BackendImpl kFlashBackend{SDPBackend::FLASH_ATTENTION,
+                                kFlashChecks,
+                                &cpu::flash_forward,
+                                &cpu::flash_backward,
+                                true,
+                                nullptr,
+                                nullptr,
+                                &cuda::flash_forward,
+                                nullptr};
 
 }  // namespace sdpa::detail

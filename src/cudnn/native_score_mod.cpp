@@ -2,7 +2,7 @@
 
 #include "cudnn/native_score_mod.h"
 
-#include "cpu/mask_rows.h"
+#include "cuda/row_intervals.h"
 
 #include <array>
 #include <cmath>
@@ -13,6 +13,9 @@
 namespace sdpa::cudnn {
 namespace {
 
+using cuda::RowIntervals;
+using cuda::needs_intervals;
+using cuda::row_intervals;
 using flex::Expr;
 
 // The diagonal offset d of an alignment (MaskDescriptor): 0 top-left, S - L bottom-right.
@@ -26,36 +29,6 @@ Tensor int32_tensor(const std::vector<int32_t>& values, int64_t rows, int64_t co
                        : Tensor::empty({rows, cols}, DType::kInt32);
   std::memcpy(t.data_ptr(), values.data(), values.size() * sizeof(int32_t));
   return t;
-}
-
-// The keys each query row keeps are one interval (cpu/mask_rows.h, the CPU kernels' own
-// definition): [lo, hi) per (batch, row), batch-independent without key padding.
-struct RowIntervals {
-  int64_t batches = 1;
-  std::vector<int32_t> lo, hi;  // [batches, L]
-  bool every_row_keeps_a_key = true;
-};
-
-RowIntervals row_intervals(const AttentionParams& p) {
-  RowIntervals r;
-  r.batches = p.mask.kv_lengths.empty() ? 1 : p.batch;
-  for (int64_t b = 0; b < r.batches; ++b) {
-    for (int64_t i = 0; i < p.q_len; ++i) {
-      const cpu::ColumnRange keys = cpu::row_columns(p.mask, b, i, p.q_len, p.kv_len);
-      r.every_row_keeps_a_key = r.every_row_keeps_a_key && !keys.empty();
-      r.lo.push_back(static_cast<int32_t>(keys.begin));
-      r.hi.push_back(static_cast<int32_t>(keys.end));
-    }
-  }
-  return r;
-}
-
-// Whether the keep condition needs per-row intervals (documents, padding or a band not in
-// the sequence frame) rather than index arithmetic alone.
-bool needs_intervals(const MaskDescriptor& m) {
-  bool other_frame = false;
-  for (const DiagonalBand& band : m.bands) other_frame |= band.frame != BandFrame::kSequence;
-  return m.has_documents() || !m.kv_lengths.empty() || other_frame;
 }
 
 std::shared_ptr<const flex::Program> trace(const AttentionParams& p, const RowIntervals& rows) {

@@ -56,7 +56,7 @@ struct BackendImpl {
 
 /// The records of the table (backend_table.cpp), defined next to each backend's kernels.
 extern const BackendImpl kMathBackend;           // src/cpu/backends.cpp
-extern const BackendImpl kFlashCpuBackend;       // src/cpu/backends.cpp
+extern const BackendImpl kFlashBackend;          // src/cpu/backends.cpp
 extern const BackendImpl kEfficientBackend;      // src/dispatch/unbuilt_backends.cpp
 extern const BackendImpl kCudnnBackend;          // src/dispatch/unbuilt_backends.cpp
 extern const BackendImpl kOverrideableBackend;   // src/registry/overrideable.cpp

@@ -12,7 +12,7 @@
 namespace sdpa::detail {
 namespace {
 
-const BackendImpl* const kBackends[] = {&kMathBackend, &kFlashCpuBackend, &kEfficientBackend,
+const BackendImpl* const kBackends[] = {&kMathBackend, &kFlashBackend, &kEfficientBackend,
                                         &kCudnnBackend, &kOverrideableBackend};
 
 // The kernel of `impl` for the call's device: host kernels for CPU tensors, CUDA kernels

@@ -8,7 +8,7 @@ namespace sdpa::detail {
 namespace {
 
 bool check_implemented(const AttentionParams&, Reasons& r) {
-  r.add("sdpa has no EFFICIENT_ATTENTION kernels (CUDNN_ATTENTION and MATH serve CUDA tensors)");
+  r.add("sdpa has no EFFICIENT_ATTENTION kernels (CUDNN_ATTENTION, FLASH_ATTENTION and MATH serve CUDA tensors)");
   return false;
 }
 

@@ -1,6 +1,7 @@
 // Compiled when sdpa is built without CUDA: the public CUDA functions report that, and
-// MATH's CUDA check gives it as its reason.
+// the CUDA checks of MATH and FLASH give it as their reason.
 
+#include "cuda/flash/flash.h"
 #include "cuda/math.h"
 #include "sdpa/cuda.h"
 
@@ -36,5 +37,13 @@ void math_backward(const AttentionParams&, sdpa::detail::BackwardOutputs&) {
   not_built("MATH backward on cuda");
 }
 void fill_zeros(const Tensor&, void*) { not_built("fill_zeros on cuda"); }
+
+bool flash_supports(const AttentionParams&, Reasons& r) {
+  r.add(kNotBuilt);
+  return false;
+}
+void flash_forward(const AttentionParams&, const Tensor&, const Tensor&) {
+  not_built("FLASH forward on cuda");
+}
 
 }  // namespace sdpa::cuda
