@@ -52,7 +52,7 @@ template <int kHeadDim>
 struct ForwardTile {
   static constexpr int kThreads = 128;
   static constexpr int kRowTiles = 1;
-  static constexpr int kRows = 4 * 16 * kRowTiles;          // query rows per block
+  static constexpr int kRows = 4 * 16 * kRowTiles;         // query rows per block
   static constexpr int kKeys = kHeadDim <= 128 ? 64 : 32;  // keys per tile
 };
 
@@ -133,10 +133,12 @@ __global__ void __launch_bounds__(ForwardTile<kHeadDim>::kThreads)
   __shared__ int block_lo, block_hi, block_max_lo, block_min_hi;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  // Blocks of the last query rows first: under a causal mask they have the most keys.
-  const int64_t heads = gridDim.x / ((a.q_len + kRows - 1) / kRows);
-  const int64_t bh = blockIdx.x % heads;
-  const int i0 = static_cast<int>((gridDim.x / heads - 1 - blockIdx.x / heads) * kRows);
+  // Consecutive blocks share a head, so the blocks resident at once read the same keys and
+  // values from L2; within a head the last query rows come first (under a causal mask
+  // they have the most keys).
+  const int q_blocks = (a.q_len + kRows - 1) / kRows;
+  const int64_t bh = blockIdx.x / q_blocks;
+  const int i0 = (q_blocks - 1 - static_cast<int>(blockIdx.x % q_blocks)) * kRows;
   const int64_t b = bh / a.heads_q, h = bh % a.heads_q, hk = h / (a.heads_q / a.heads_kv);
   const T* const q =
       static_cast<const T*>(a.q) + b * a.q_stride[0] + h * a.q_stride[1] + i0 * a.q_stride[2];
