@@ -5,9 +5,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "cuda/native_mask_cases.h"
 #include "sdpa/attn_bias.h"
 #include "sdpa/cuda.h"
 #include "training/attention_test_util.h"
@@ -39,11 +41,11 @@ struct FlashCase {
 };
 
 std::string describe(const FlashCase& c) {
-  return "B" + std::to_string(c.batch) + " Hq" + std::to_string(c.heads_q) + " Hkv" +
-         std::to_string(c.heads_kv) + " L" + std::to_string(c.q_len) + " S" +
-         std::to_string(c.kv_len) + " E" + std::to_string(c.head_dim) + " Ev" +
-         std::to_string(c.head_dim_v) + " " + std::string(sdpa::dtype_name(c.dtype)) +
-         (c.layout == Layout::kBSHD ? " BSHD" : "");
+  std::ostringstream os;
+  os << "B" << c.batch << " Hq" << c.heads_q << " Hkv" << c.heads_kv << " L" << c.q_len << " S"
+     << c.kv_len << " E" << c.head_dim << " Ev" << c.head_dim_v << ' '
+     << sdpa::dtype_name(c.dtype) << (c.layout == Layout::kBSHD ? " BSHD" : "");
+  return os.str();
 }
 
 struct Inputs {
@@ -202,39 +204,12 @@ TEST_F(CudaFlash, RowsWithoutKeysGiveZerosAndMinusInfinity) {
 
 // ALiBi, packed documents, key padding and band compositions run natively (no dense mask).
 TEST_F(CudaFlash, NativeBiases) {
-  std::vector<float> slopes;
-  for (int h = 0; h < 8; ++h) slopes.push_back(0.3f / static_cast<float>(h + 1));
-  const auto alibi = [&](DiagonalAlignment a) {
-    return std::make_shared<sdpa::AlibiBias>(slopes, a);
-  };
-  struct Case {
-    const char* name;
-    int64_t q_len, kv_len;
-    sdpa::AttnBiasPtr bias;
-  };
-  const Case cases[] = {
-      {"alibi", 65, 129, alibi(DiagonalAlignment::kBottomRight)},
-      {"alibi + causal", 127, 127,
-       sdpa::compose({alibi(DiagonalAlignment::kBottomRight), sdpa::causal_upper_left(127, 127)})},
-      {"alibi + causal, L > S", 129, 65,
-       sdpa::compose({alibi(DiagonalAlignment::kTopLeft), sdpa::causal_upper_left(129, 65)})},
-      {"documents, causal inside", 100, 100,
-       std::make_shared<sdpa::BlockDiagonalBias>(std::vector<int64_t>{0, 7, 64, 100},
-                                                 std::vector<int64_t>{}, true)},
-      {"documents of other key lengths", 63, 130,
-       std::make_shared<sdpa::BlockDiagonalBias>(std::vector<int64_t>{0, 30, 63},
-                                                 std::vector<int64_t>{0, 65, 130})},
-      {"padded keys, causal", 7, 257,
-       std::make_shared<sdpa::PaddedKeysBias>(std::vector<int64_t>{257, 100}, true)},
-      {"padded keys + alibi", 65, 200,
-       sdpa::compose({std::make_shared<sdpa::PaddedKeysBias>(std::vector<int64_t>{120, 200}),
-                      alibi(DiagonalAlignment::kBottomRight)})},
-      {"window + causal lower right", 90, 300,
-       sdpa::compose(
-           {std::make_shared<sdpa::LocalAttentionBias>(40, 0, DiagonalAlignment::kBottomRight),
-            sdpa::causal_lower_right(90, 300)})},
-  };
-  for (const Case& k : cases) {
+  std::vector<NativeMaskCase> cases = native_mask_cases(8);
+  cases.push_back({"window + causal lower right", 90, 300,
+                   sdpa::compose({std::make_shared<sdpa::LocalAttentionBias>(
+                                      40, 0, DiagonalAlignment::kBottomRight),
+                                  sdpa::causal_lower_right(90, 300)})});
+  for (const NativeMaskCase& k : cases) {
     SCOPED_TRACE(k.name);
     const FlashCase c{2, 8, 2, k.q_len, k.kv_len, 64, 64, DType::kBFloat16};
     SDPAOptions o;

@@ -9,6 +9,7 @@
 #include "sdpa/cuda.h"
 #include "sdpa/flex_attention.h"
 #include "sdpa/flex_mods.h"
+#include "cuda/native_mask_cases.h"
 #include "training/attention_test_util.h"
 
 namespace sdpa_test {
@@ -187,45 +188,15 @@ TEST_P(CudnnFlexMod, MatchesTheCpuGoldenForwardAndBackward) {
 
 INSTANTIATE_TEST_SUITE_P(Mods, CudnnFlexMod, ::testing::Range(0, kMods));
 
-// ALiBi, packed documents and key padding given as AttnBiases (with bands beside them)
-// reach cuDNN as a score_mod; the CPU MATH golden computes them natively.
-struct NativeCase {
-  std::string name;
-  int64_t q_len, kv_len;
-  sdpa::AttnBiasPtr bias;
-  bool backward_on_cudnn = true;  // ALiBi alone: refused, as for flex score_mods
-};
-
-std::vector<NativeCase> native_cases(int64_t heads_q) {
-  using sdpa::DiagonalAlignment;
-  std::vector<float> slopes;
-  for (int64_t h = 0; h < heads_q; ++h) slopes.push_back(0.3f / static_cast<float>(h + 1));
-  const auto alibi = [&](DiagonalAlignment a) { return std::make_shared<sdpa::AlibiBias>(slopes, a); };
-  return {
-      {"alibi", 65, 129, alibi(DiagonalAlignment::kBottomRight), false},
-      {"alibi + causal", 127, 127,
-       sdpa::compose({alibi(DiagonalAlignment::kBottomRight), sdpa::causal_upper_left(127, 127)})},
-      {"alibi + causal, L > S", 129, 65,
-       sdpa::compose({alibi(DiagonalAlignment::kTopLeft), sdpa::causal_upper_left(129, 65)})},
-      {"documents, causal inside", 100, 100,
-       std::make_shared<sdpa::BlockDiagonalBias>(std::vector<int64_t>{0, 7, 64, 100},
-                                                 std::vector<int64_t>{}, true)},
-      {"documents of other key lengths", 63, 130,
-       std::make_shared<sdpa::BlockDiagonalBias>(std::vector<int64_t>{0, 30, 63},
-                                                 std::vector<int64_t>{0, 65, 130})},
-      {"padded keys, causal", 7, 257,
-       std::make_shared<sdpa::PaddedKeysBias>(std::vector<int64_t>{257, 100}, true)},
-      {"padded keys + alibi", 65, 200,
-       sdpa::compose({std::make_shared<sdpa::PaddedKeysBias>(std::vector<int64_t>{120, 200}),
-                      alibi(DiagonalAlignment::kBottomRight)})},
-  };
-}
+// ALiBi, packed documents and key padding given as AttnBiases (native_mask_cases.h) reach
+// cuDNN as a score_mod. ALiBi alone has no cuDNN backward (refused, as for flex score_mods).
+bool cudnn_takes_backward(const NativeMaskCase& c) { return c.name != "alibi"; }
 
 class CudnnNativeMask : public CudnnFlex, public ::testing::WithParamInterface<int> {};
 
 TEST_P(CudnnNativeMask, RunsOnCudnnAndMatchesTheCpuGolden) {
   const int64_t heads_q = 8, heads_kv = 2;
-  const NativeCase c = native_cases(heads_q).at(static_cast<size_t>(GetParam()));
+  const NativeMaskCase c = native_mask_cases(heads_q).at(static_cast<size_t>(GetParam()));
   SCOPED_TRACE(c.name + " L" + std::to_string(c.q_len) + " S" + std::to_string(c.kv_len));
   const Shape qs{2, heads_q, c.q_len, 64}, kvs{2, heads_kv, c.kv_len, 64};
   const Tensor q = randn(qs, DType::kBFloat16, 1), k = randn(kvs, DType::kBFloat16, 2);
@@ -236,7 +207,7 @@ TEST_P(CudnnNativeMask, RunsOnCudnnAndMatchesTheCpuGolden) {
   const FwdBwd golden = run_fwd_bwd(SDPBackend::MATH, f64(q), f64(k), f64(v), f64(grad_out), o);
   const FwdBwd naive = run_fwd_bwd(SDPBackend::MATH, q, k, v, grad_out, o);
   const auto gpu = [](const Tensor& t) { return sdpa::cuda::to_device(t, kCuda); };
-  if (!c.backward_on_cudnn) {
+  if (!cudnn_takes_backward(c)) {
     sdpa::sdpa_kernel only(SDPBackend::CUDNN_ATTENTION);
     const sdpa::AttentionResult fwd = sdpa::scaled_dot_product_attention_with_lse(gpu(q), gpu(k), gpu(v), o);
     EXPECT_TRUE(close_to_golden("out", to_cpu(fwd.out), golden.fwd.out, naive.fwd.out, DType::kBFloat16));
