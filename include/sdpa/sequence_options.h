@@ -7,6 +7,8 @@
 #include <optional>
 #include <vector>
 
+#include "sdpa/generator.h"
+
 namespace sdpa {
 
 /// Masks, ALiBi, soft-cap and scale of one attention over sequences of q_len queries and
@@ -23,6 +25,18 @@ struct SequenceOptions {
   double softcap = 0.0;
   /// Score scale; default 1/sqrt(E).
   std::optional<double> scale;
+  /// Attention dropout (attention_varlen and its backward only; the serving paths of a KV
+  /// cache are inference and refuse it): each weight is dropped with probability dropout_p
+  /// and the kept ones scaled by 1 / (1 - dropout_p). Sequence b's weight (h, i, j) draws
+  /// as weight (0, h, cu_seqlens_q[b] + i, cu_seqlens_k[b] + j) of the packed call
+  /// [1, Hq, total_q, total_k], so the mask is the one scaled_dot_product_attention draws
+  /// for the packed tensors under a BlockDiagonalBias with the same state.
+  double dropout_p = 0.0;
+  /// Draws the forward's state when dropout_state is absent; the default generator when
+  /// null.
+  Generator* generator = nullptr;
+  /// The state to draw with: the backward passes the forward's AttentionResult::philox.
+  std::optional<PhiloxState> dropout_state;
 };
 
 }  // namespace sdpa

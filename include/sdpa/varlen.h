@@ -20,9 +20,13 @@ namespace sdpa {
 ///   grid by them; here a length above its bound is an error, not a silent truncation).
 /// Each sequence attends only to its own keys, with `options` measured in its own
 /// q_len x kv_len (bottom-right causal and window, ALiBi, soft-cap, scale).
+/// With options.dropout_p > 0 the weights are dropped as SequenceOptions::dropout_p
+/// describes (the packed call's mask), with options.dropout_state or else one draw from
+/// options.generator (the default generator when null).
 /// Returns out [total_q, Hq, Ev] (q's dtype, contiguous) and lse float32 [Hq, total_q]
-/// (flash-attn's softmax_lse layout for varlen); a query that sees no key (a sequence
-/// without keys, a window that excludes them all) gives out 0 and lse -inf. Runs one
+/// (flash-attn's softmax_lse layout for varlen), and the dropout state used in philox; a
+/// query that sees no key (a sequence without keys, a window that excludes them all)
+/// gives out 0 and lse -inf. Runs one
 /// attention call per sequence on views of the packed tensors (no copies of q, k, v).
 /// Throws sdpa::Error naming the argument for any shape, dtype, offset or length that
 /// does not fit.
@@ -41,7 +45,7 @@ AttentionResult attention_varlen(const Tensor& q, const Tensor& k, const Tensor&
 /// Pages are read in place (no gather). Returns as attention_varlen. Throws sdpa::Error
 /// naming the argument for any shape, dtype, offset, length or page index that does not
 /// fit (a sequence needing more pages than its table row holds, a page outside the pool).
-/// Forward only, as flash-attn's paged path.
+/// Forward only, as flash-attn's paged path (dropout_p must be 0).
 AttentionResult attention_varlen_paged(const Tensor& q, const Tensor& k_pages,
                                        const Tensor& v_pages, const Tensor& cu_seqlens_q,
                                        const Tensor& cu_seqlens_k, const Tensor& block_table,
@@ -52,8 +56,9 @@ AttentionResult attention_varlen_paged(const Tensor& q, const Tensor& k_pages,
 /// returned them for the same inputs and options. Returns grad_q [total_q, Hq, E],
 /// grad_k [total_k, Hkv, E], grad_v [total_k, Hkv, Ev] (q's dtype; keys of a sequence
 /// without queries get 0). Algorithm: FlashAttention-2's backward per sequence (soft-cap
-/// through the flex backward's derivative of its score_mod). Throws sdpa::Error as
-/// attention_varlen, and for grad_out / out / lse of other shapes.
+/// through the flex backward's derivative of its score_mod). With dropout_p > 0,
+/// options.dropout_state must be the forward's state (the mask is replayed). Throws
+/// sdpa::Error as attention_varlen, and for grad_out / out / lse of other shapes.
 AttentionGradients attention_varlen_backward(const Tensor& grad_out, const Tensor& q,
                                              const Tensor& k, const Tensor& v, const Tensor& out,
                                              const Tensor& lse, const Tensor& cu_seqlens_q,

@@ -89,7 +89,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
                      window_size: tuple = (-1, -1),
                      alibi_slopes: Optional[Sequence[float]] = None, softcap: float = 0.0,
                      scale: Optional[float] = None, return_lse: bool = False,
-                     block_table: Any = None) -> Any:
+                     block_table: Any = None, dropout_p: float = 0.0) -> Any:
     """Attention of packed variable-length sequences (flash-attn's flash_attn_varlen_func).
 
     q [total_q, Hq, E], k [total_k, Hkv, E], v [total_k, Hkv, Ev] (float32, bfloat16,
@@ -109,8 +109,16 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     block_table): sequence b's key j is row j % page_size of page block_table[b][j //
     page_size], and cu_seqlens_k counts each sequence's cached keys. Forward only, as in
     flash-attn: with torch tensors that require grad it raises sdpa.Error.
+
+    ``dropout_p`` (training; not with ``softcap`` or ``block_table``): each attention
+    weight is dropped with that probability and the rest scaled by 1 / (1 - dropout_p),
+    the mask drawn from sdpa's default generator (``sdpa.manual_seed``) as the packed
+    call's (sequence b's weight (h, i, j) is weight (h, cu_seqlens_q[b] + i,
+    cu_seqlens_k[b] + j) of one [Hq, total_q, total_k] draw); the torch backward replays
+    it.
     """
     options = _sequence_args(causal, window_size, alibi_slopes, softcap, scale)
+    dropout_p = _convert.number(dropout_p, "dropout_p")
     lengths = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
     if block_table is not None:
         if _convert.is_torch_tensor(q):
@@ -119,15 +127,16 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
             if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
                 raise _C.Error("block_table: the paged varlen path has no backward (as "
                                "flash-attn's); call it under torch.no_grad()")
-        out, lse, _ = _C.attention_varlen(q, k, v, *lengths, *options, block_table)
+        out, lse, _, _ = _C.attention_varlen(q, k, v, *lengths, *options, block_table,
+                                             dropout_p)
         out = _convert.like(out, q)
         return (out, _convert.like(lse, q)) if return_lse else out
     if _convert.is_torch_tensor(q):
         from .torch import _varlen_autograd
 
-        out, lse = _varlen_autograd(q, k, v, lengths, options)
+        out, lse = _varlen_autograd(q, k, v, lengths, options, dropout_p)
         return (out, lse) if return_lse else out
-    out, lse, _ = _C.attention_varlen(q, k, v, *lengths, *options)
+    out, lse, _, _ = _C.attention_varlen(q, k, v, *lengths, *options, None, dropout_p)
     out = _convert.like(out, q)
     return (out, _convert.like(lse, q)) if return_lse else out
 

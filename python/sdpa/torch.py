@@ -517,27 +517,29 @@ class _VarlenFunction(torch.autograd.Function):
     """sdpa.attention_varlen with autograd through q, k and v."""
 
     @staticmethod
-    def forward(ctx, lengths, options, query, key, value):
-        out, lse, _ = _C.attention_varlen(query.detach(), key.detach(), value.detach(),
-                                          *lengths, *options)
+    def forward(ctx, lengths, options, dropout_p, query, key, value):
+        out, lse, _, state = _C.attention_varlen(query.detach(), key.detach(), value.detach(),
+                                                 *lengths, *options, None, dropout_p)
         out, lse = torch.from_dlpack(out), torch.from_dlpack(lse)
-        ctx.varlen_args = (lengths, options)
+        # The backward replays the forward's dropout mask from its state.
+        ctx.varlen_args = (lengths, options, dropout_p, state)
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        lengths, options = ctx.varlen_args
+        lengths, options, dropout_p, state = ctx.varlen_args
         query, key, value, out, lse = ctx.saved_tensors
         gq, gk, gv = _C.attention_varlen_backward(grad_out, query.detach(), key.detach(),
-                                                  value.detach(), out, lse, *lengths, *options)
-        return (None, None, torch.from_dlpack(gq), torch.from_dlpack(gk),
+                                                  value.detach(), out, lse, *lengths, *options,
+                                                  dropout_p, state)
+        return (None, None, None, torch.from_dlpack(gq), torch.from_dlpack(gk),
                 torch.from_dlpack(gv))
 
 
 def _varlen_autograd(query: Tensor, key: Tensor, value: Tensor, lengths: tuple,
-                     options: tuple):
+                     options: tuple, dropout_p: float = 0.0):
     """(out, lse) of sdpa.attention_varlen for torch tensors, differentiable in query, key
-    and value."""
-    return _VarlenFunction.apply(lengths, options, query, key, value)
+    and value (with dropout_p, the backward replays the forward's mask)."""
+    return _VarlenFunction.apply(lengths, options, dropout_p, query, key, value)

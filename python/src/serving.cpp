@@ -2,7 +2,10 @@
 // attention with its backward, and the merge of partial attention states.
 
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
+
+#include <tuple>
 
 #include "bindings.h"
 #include "sdpa/kv_cache.h"
@@ -84,19 +87,33 @@ nb::tuple attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_
                         r.backend);
 }
 
-// Returns (out, lse, backend).
+// (seed, offset) of a dropout state, as the attention bindings pass it.
+using DropoutState = std::tuple<uint64_t, uint64_t>;
+
+// The per-sequence options with attention_varlen's dropout.
+SequenceOptions with_dropout(SequenceOptions o, double dropout_p,
+                             const std::optional<DropoutState>& state) {
+  o.dropout_p = dropout_p;
+  if (state) o.dropout_state = PhiloxState{std::get<0>(*state), std::get<1>(*state)};
+  return o;
+}
+
+// Returns (out, lse, backend, (seed, offset) of the dropout state used).
 nb::tuple attention_varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle cu_seqlens_q,
                            nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                            bool causal, int64_t window_left, int64_t window_right,
                            std::vector<float> alibi_slopes, double softcap,
-                           std::optional<double> scale, nb::handle block_table) {
+                           std::optional<double> scale, nb::handle block_table, double dropout_p,
+                           std::optional<DropoutState> dropout_state) {
   const Tensor query = import_array(q, "q"), keys = import_array(k, "k"),
                values = import_array(v, "v");
   const Tensor cu_q = import_array(cu_seqlens_q, "cu_seqlens_q"),
                cu_k = import_array(cu_seqlens_k, "cu_seqlens_k");
   const Tensor table = optional_array(block_table, "block_table");
-  const SequenceOptions o = sequence_options(causal, window_left, window_right,
-                                             std::move(alibi_slopes), softcap, scale);
+  const SequenceOptions o = with_dropout(
+      sequence_options(causal, window_left, window_right, std::move(alibi_slopes), softcap,
+                       scale),
+      dropout_p, dropout_state);
   AttentionResult r;
   {
     nb::gil_scoped_release release;
@@ -106,7 +123,7 @@ nb::tuple attention_varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle 
                                                  max_seqlen_k, o);
   }
   return nb::make_tuple(export_tensor(std::move(r.out)), export_tensor(std::move(r.lse)),
-                        r.backend);
+                        r.backend, nb::make_tuple(r.philox.seed, r.philox.offset));
 }
 
 // Returns (grad_q, grad_k, grad_v).
@@ -116,14 +133,17 @@ nb::tuple attention_varlen_backward(nb::handle grad_out, nb::handle q, nb::handl
                                     int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
                                     int64_t window_left, int64_t window_right,
                                     std::vector<float> alibi_slopes, double softcap,
-                                    std::optional<double> scale) {
+                                    std::optional<double> scale, double dropout_p,
+                                    std::optional<DropoutState> dropout_state) {
   const Tensor g = import_array(grad_out, "grad_out"), query = import_array(q, "q"),
                keys = import_array(k, "k"), values = import_array(v, "v"),
                o_in = import_array(out, "out"), l_in = import_array(lse, "lse");
   const Tensor cu_q = import_array(cu_seqlens_q, "cu_seqlens_q"),
                cu_k = import_array(cu_seqlens_k, "cu_seqlens_k");
-  const SequenceOptions o = sequence_options(causal, window_left, window_right,
-                                             std::move(alibi_slopes), softcap, scale);
+  const SequenceOptions o = with_dropout(
+      sequence_options(causal, window_left, window_right, std::move(alibi_slopes), softcap,
+                       scale),
+      dropout_p, dropout_state);
   AttentionGradients r;
   {
     nb::gil_scoped_release release;
@@ -163,13 +183,15 @@ void bind_serving(nb::module_& m) {
         nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("alibi_slopes"), nb::arg("softcap"),
-        nb::arg("scale").none(), nb::arg("block_table").none() = nb::none());
+        nb::arg("scale").none(), nb::arg("block_table").none() = nb::none(),
+        nb::arg("dropout_p") = 0.0, nb::arg("dropout_state").none() = nb::none());
   m.def("attention_varlen_backward", &attention_varlen_backward, nb::arg("grad_out"),
         nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
         nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("alibi_slopes"), nb::arg("softcap"),
-        nb::arg("scale").none());
+        nb::arg("scale").none(), nb::arg("dropout_p") = 0.0,
+        nb::arg("dropout_state").none() = nb::none());
   m.def("merge_attention_states", &merge_states, nb::arg("out_a"), nb::arg("lse_a"),
         nb::arg("out_b"), nb::arg("lse_b"));
 }

@@ -74,14 +74,76 @@ def test_flash_attn_with_kvcache_defaults_to_interleaved_rotary(rng):
 
 def test_flash_attn_refuses_what_it_cannot_run(rng):
     q = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)
-    with pytest.raises(sdpa.Error, match="dropout_p: sdpa.compat.flash_attn has no"):
-        fa.flash_attn_func(q, q, q, dropout_p=0.1)
+    with pytest.raises(sdpa.Error, match="dropout_p with softcap"):
+        fa.flash_attn_func(q, q, q, dropout_p=0.1, softcap=5.0)
     cu = np.array([0, 4], np.int32)
     with pytest.raises(sdpa.Error, match=r"block_table\[0\]\[0\] = 5 is outside"):
         fa.flash_attn_varlen_func(q[0], q, q, cu, cu, 4, 4,
                                   block_table=np.full((1, 1), 5, np.int32))
     with pytest.raises(sdpa.Error, match="cache_seqlens: expected the cache lengths"):
         fa.flash_attn_with_kvcache(q, q, q, k=q[:, :1], v=q[:, :1])
+
+
+def _packed_dropout_reference(q, k, v, dropout_p, state):
+    """flash_attn_func's q/k/v [B, S, H, E] as one packed [1, H, B*S, E] call under a
+    block-diagonal mask, dropping with `state`: (out [B, Sq, Hq, Ev], lse [Hq, B*Sq])."""
+    B, Sq, Hq, E = q.shape
+    Sk = k.shape[1]
+    keep = np.zeros((B * Sq, B * Sk), bool)
+    for b in range(B):
+        keep[b * Sq:(b + 1) * Sq, b * Sk:(b + 1) * Sk] = True
+    packed = [np.ascontiguousarray(x.reshape(B * x.shape[1], *x.shape[2:]).transpose(1, 0, 2))
+              for x in (q, k, v)]
+    r = sdpa.scaled_dot_product_attention_with_lse(*packed, attn_mask=keep,
+                                                   dropout_p=dropout_p, enable_gqa=True,
+                                                   dropout_state=state)
+    out = np.asarray(r.out).transpose(1, 0, 2).reshape(B, Sq, Hq, -1)
+    return out, r
+
+
+def test_flash_attn_func_dropout_is_the_packed_calls_mask(rng):
+    B, Sq, Sk, Hq, Hkv, E = 2, 9, 14, 4, 2, 16
+    q = rng.standard_normal((B, Sq, Hq, E)).astype(np.float32)
+    k = rng.standard_normal((B, Sk, Hkv, E)).astype(np.float32)
+    v = rng.standard_normal((B, Sk, Hkv, E)).astype(np.float32)
+    sdpa.manual_seed(11)
+    got = fa.flash_attn_func(q, k, v, dropout_p=0.25)
+    want, _ = _packed_dropout_reference(q, k, v, 0.25, (11, 0))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # A second call draws the next state (another mask).
+    again = fa.flash_attn_func(q, k, v, dropout_p=0.25)
+    assert np.abs(again - got).max() > 0.1
+    want_next, _ = _packed_dropout_reference(q, k, v, 0.25, (11, 1))
+    np.testing.assert_allclose(again, want_next, rtol=1e-5, atol=1e-5)
+
+
+def test_flash_attn_varlen_dropout_torch_backward_replays_the_mask():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(3)
+    B, Sq, Sk, Hq, Hkv, E = 2, 5, 8, 4, 2, 16
+    q = torch.randn(B, Sq, Hq, E, generator=g, requires_grad=True)
+    k = torch.randn(B, Sk, Hkv, E, generator=g, requires_grad=True)
+    v = torch.randn(B, Sk, Hkv, E, generator=g, requires_grad=True)
+    sdpa.manual_seed(21)
+    out = fa.flash_attn_func(q, k, v, dropout_p=0.3)
+    grad_out = torch.randn(out.shape, generator=g)
+    out.backward(grad_out)
+    # The packed call with the same state, and its gradients from sdpa's own backward.
+    arrays = [x.detach().numpy() for x in (q, k, v)]
+    want, r = _packed_dropout_reference(*arrays, 0.3, (21, 0))
+    np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-5, atol=1e-5)
+    keep = np.zeros((B * Sq, B * Sk), bool)
+    for b in range(B):
+        keep[b * Sq:(b + 1) * Sq, b * Sk:(b + 1) * Sk] = True
+    packed = [np.ascontiguousarray(x.reshape(B * x.shape[1], *x.shape[2:]).transpose(1, 0, 2))
+              for x in arrays]
+    go = np.ascontiguousarray(grad_out.numpy().reshape(B * Sq, Hq, E).transpose(1, 0, 2))
+    grads = sdpa.scaled_dot_product_attention_backward(
+        go, *packed, r.out, r.lse, attn_mask=keep, dropout_p=0.3, enable_gqa=True,
+        dropout_state=(21, 0))
+    for x, gx in zip((q, k, v), (grads.grad_q, grads.grad_k, grads.grad_v)):
+        want_grad = np.asarray(gx).transpose(1, 0, 2).reshape(x.shape)
+        np.testing.assert_allclose(x.grad.numpy(), want_grad, rtol=1e-4, atol=1e-4)
 
 
 def test_flash_attn_func_torch_gradients():

@@ -87,6 +87,8 @@ AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,
       read_positions(cache_seqlens, "cache_seqlens", B, cache.capacity(), new_len);
   for (int64_t b = 0; b < B; ++b) cache.check_pages(b, cached[static_cast<size_t>(b)] + new_len);
   serving::check_sequence_options(o, Hq);
+  SDPA_CHECK(o.dropout_p == 0.0, "dropout_p: attention_with_kvcache is inference (as "
+             "flash-attn's flash_attn_with_kvcache) and takes no dropout, got ", o.dropout_p);
   SDPA_CHECK(o.rotary_cos.defined() == o.rotary_sin.defined(),
              "rotary_cos / rotary_sin: expected both or neither");
 

@@ -46,6 +46,11 @@ void check_sequence_options(const SequenceOptions& o, int64_t num_heads_q) {
   SDPA_CHECK(o.alibi_slopes.empty() || static_cast<int64_t>(o.alibi_slopes.size()) == num_heads_q,
              "alibi_slopes: expected one slope per query head (", num_heads_q, "), got ",
              o.alibi_slopes.size());
+  SDPA_CHECK(o.dropout_p >= 0.0 && o.dropout_p <= 1.0,
+             "dropout_p: expected a probability in [0, 1], got ", o.dropout_p);
+  SDPA_CHECK(o.dropout_p == 0.0 || o.softcap == 0.0,
+             "dropout_p with softcap: the soft-cap runs as a flex score_mod, which has no "
+             "dropout; pass one of the two");
   SDPA_CHECK(o.alibi_slopes.empty() || o.softcap == 0.0,
              "alibi_slopes with softcap: soft-capping applies to the scores before the ALiBi "
              "bias, which sdpa's kernels do not order that way; pass one of the two");
@@ -55,6 +60,7 @@ SequenceCall::SequenceCall(const SequenceOptions& o, int64_t q_len, int64_t kv_l
   options.scale = o.scale;
   options.enable_gqa = gqa;
   options.attn_mask = sequence_bias(o, q_len, kv_len);
+  options.dropout_p = o.dropout_p;
   if (o.softcap > 0.0) softcap = flex::Program::from_score_mod(flex::mods::soft_cap(o.softcap));
 }
 
@@ -75,6 +81,13 @@ AttentionParams SequenceCall::params(const Tensor& q, const Tensor& k, const Ten
 
 void SequenceCall::check(const Tensor& q, const Tensor& k, const Tensor& v,
                          const std::shared_ptr<const KvDequant>& dequant) const {
+  if (options.dropout_p > 0.0 && !options.dropout_state) {
+    // Validating must not draw the dropout state from the generator (the call draws once).
+    SequenceCall stated = *this;
+    stated.options.dropout_state = PhiloxState{};
+    (void)stated.params(q, k, v, dequant);
+    return;
+  }
   (void)params(q, k, v, dequant);
 }
 

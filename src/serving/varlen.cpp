@@ -110,6 +110,16 @@ Packing check_packing(const Tensor& q, const Tensor& k, const Tensor& v, const T
   return p;
 }
 
+// With dropout, every sequence's call draws with `state` at its own place in the packed
+// [1, Hq, total_q, total_k] call (SequenceOptions::dropout_p).
+void place_dropout(Packing& p, const PhiloxState& state, int64_t total_q, int64_t total_k) {
+  for (int64_t b = 0; b < p.batch(); ++b) {
+    SDPAOptions& o = p.calls[static_cast<size_t>(b)].options;
+    o.dropout_state = state;
+    o.dropout_position = DropoutPosition{p.q_begin(b), p.k_begin(b), total_q, total_k};
+  }
+}
+
 // One sequence's keys and values as [1, Hkv, n, E/Ev] views, and the pages they are read
 // through (null for packed tensors).
 struct SequenceKv {
@@ -152,12 +162,21 @@ AttentionResult attention_varlen(const Tensor& q, const Tensor& k, const Tensor&
                                  const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                  int64_t max_seqlen_q, int64_t max_seqlen_k,
                                  const SequenceOptions& options) {
-  const Packing p = check_packing(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                  max_seqlen_k, options);
-  return run_sequences(q, p, v.size(2), [&](int64_t b) {
+  Packing p = check_packing(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            options);
+  PhiloxState state;
+  if (options.dropout_p > 0.0) {
+    // One draw for the whole call, after every check (a refused call draws nothing).
+    state = options.dropout_state.value_or(
+        (options.generator != nullptr ? *options.generator : default_generator()).next());
+    place_dropout(p, state, q.size(0), k.size(0));
+  }
+  AttentionResult result = run_sequences(q, p, v.size(2), [&](int64_t b) {
     return SequenceKv{sequence(k, p.k_begin(b), p.k_end(b)),
                       sequence(v, p.k_begin(b), p.k_end(b)), nullptr, nullptr};
   });
+  result.philox = state;
+  return result;
 }
 
 AttentionResult attention_varlen_paged(const Tensor& q, const Tensor& k_pages,
@@ -168,6 +187,8 @@ AttentionResult attention_varlen_paged(const Tensor& q, const Tensor& k_pages,
   check_query(q);
   SDPA_CHECK(block_table.defined(), "block_table: expected an int32 tensor [B, max_pages], "
              "got none");
+  SDPA_CHECK(options.dropout_p == 0.0, "dropout_p: the paged varlen path is inference "
+             "(forward only, as flash-attn's) and takes no dropout, got ", options.dropout_p);
   Packing p;
   p.cu_q = read_offsets(cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q",
                         -1);
@@ -205,12 +226,17 @@ AttentionGradients attention_varlen_backward(const Tensor& grad_out, const Tenso
                                              const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                              int64_t max_seqlen_k,
                                              const SequenceOptions& options) {
-  const Packing p = check_packing(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                  max_seqlen_k, options);
+  Packing p = check_packing(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            options);
   const int64_t total_q = q.size(0), Hq = q.size(1), Ev = v.size(2);
   check_like(grad_out, "grad_out", {total_q, Hq, Ev}, q.dtype());
   check_like(out, "out", {total_q, Hq, Ev}, q.dtype());
   check_like(lse, "lse", {Hq, total_q}, DType::kFloat32);
+  if (options.dropout_p > 0.0) {
+    SDPA_CHECK(options.dropout_state.has_value(), "dropout_state: a backward with dropout_p ",
+               options.dropout_p, " needs the forward's state (its AttentionResult::philox)");
+    place_dropout(p, *options.dropout_state, total_q, k.size(0));
+  }
   AttentionGradients grads;
   grads.grad_q = Tensor::zeros(q.sizes(), q.dtype());
   grads.grad_k = Tensor::zeros(k.sizes(), k.dtype());

@@ -5,8 +5,11 @@ query and key lengths differ, ALiBi as ``-slope * |i + S - L - j|``, soft-cappin
 scaled scores. Replace ``from flash_attn import flash_attn_func`` with
 ``from sdpa.compat.flash_attn import flash_attn_func``.
 
+``dropout_p`` drops attention weights as flash-attn does, with sdpa's generator
+(``sdpa.manual_seed``; the mask is sdpa's own, not flash-attn's CUDA one), and the torch
+backward replays it; not with ``softcap`` (sdpa.Error).
+
 Differences, each raising sdpa.Error rather than computing something else:
-``dropout_p > 0`` (use ``sdpa.torch.scaled_dot_product_attention`` for attention dropout),
 ``return_attn_probs`` (flash-attn's S_dmask is a debugging output; the logsumexp is
 returned as its second element), and ``flash_attn_with_kvcache``'s ``cache_batch_idx``
 and ``cache_leftpad``.
@@ -58,11 +61,11 @@ def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens
     block_table int32 [B, max_pages]: page pools [num_pages, page_size, Hkv, E/Ev]),
     cu_seqlens int32 [B + 1]. Returns out [total_q, Hq, Ev]; with return_attn_probs (out,
     softmax_lse [Hq, total_q], None). See sdpa.attention_varlen."""
-    _refuse(dropout_p, "dropout_p", "attention dropout")
     out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, causal=causal, window_size=window_size,
                                 alibi_slopes=alibi_slopes, softcap=softcap,
-                                scale=softmax_scale, return_lse=True, block_table=block_table)
+                                scale=softmax_scale, return_lse=True, block_table=block_table,
+                                dropout_p=dropout_p)
     return (out, lse, None) if return_attn_probs else out
 
 
