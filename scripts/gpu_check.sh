@@ -13,9 +13,11 @@
 #   GPU_CHECK_TARGETS=sdpa_cuda_tests ...                       # builds only those targets
 #   GPU_CHECK_GTEST_FILTER='CudnnFlex*' GPU_CHECK_PYTESTS=python/tests/test_cuda_flex.py \
 #     bash scripts/gpu_check.sh                                   # a subset of the tests
-#   GPU_CHECK_BIN=carried/bin bash scripts/gpu_check.sh   # sdpa_cuda_tests and
-#     sdpa_cuda_host_overhead built elsewhere (same CUDA major, sm_80/90a): only the Python
-#     extension is built, beside the C++ tests
+#   GPU_CHECK_BIN=carried/bin bash scripts/gpu_check.sh   # sdpa_cuda_tests,
+#     sdpa_cuda_host_overhead (and sdpa_cuda_flash_forward for GPU_CHECK_NCU) built
+#     elsewhere (same CUDA major, sm_80/90a): only the Python extension is built, beside
+#     the C++ tests; "build" in GPU_CHECK_SKIP builds nothing
+#   GPU_CHECK_NCU=1 ...   # also profiles one CUDA FLASH forward launch with ncu
 #
 # It builds the CUDA parts first (the C++ tests and the Python extension). Offline GPU
 # machines: run scripts/gpu_deps.sh where there is network and bring .gpu-deps/ and
@@ -78,7 +80,7 @@ elif [ -n "${GPU_CHECK_BIN:-}" ]; then
   build_pid=$!
 else
   bin=build/gpu/tests overhead=build/gpu/bench/sdpa_cuda_host_overhead
-  step build cmake --build build/gpu --target ${GPU_CHECK_TARGETS:-sdpa_cuda_tests _C sdpa_cuda_host_overhead}
+  step build cmake --build build/gpu --target ${GPU_CHECK_TARGETS:-sdpa_cuda_tests _C sdpa_cuda_host_overhead sdpa_cuda_flash_forward}
 fi
 step cpp_tests "$bin/sdpa_cuda_tests" --gtest_output="json:$out/cpp_tests.json" \
   --gtest_filter="${GPU_CHECK_GTEST_FILTER:-*}"
@@ -90,6 +92,14 @@ step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$bin/sdpa_
   --gtest_filter='CudaFlash.ValueHeadDim*'
 
 step host_overhead "$overhead"
+# With GPU_CHECK_NCU=1: Nsight Compute's view (speed of light, occupancy, warp stalls,
+# memory) of one CUDA FLASH forward launch (E = 64, L = 4096, bfloat16).
+if [ -n "${GPU_CHECK_NCU:-}" ]; then
+  flash_bench=${GPU_CHECK_BIN:-build/gpu/bench}/sdpa_cuda_flash_forward
+  step ncu ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    -k regex:forward_kernel -c 1 "$flash_bench" 1 4096
+fi
 if [ -n "${build_pid:-}" ]; then
   if wait "$build_pid"; then
     rows+=("| build (extension) | pass | $((SECONDS - build_t0)) s |")
@@ -121,6 +131,7 @@ printf '%s\n' "${rows[@]}"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|tests ran" "$out/cpp_tests.log" 2>/dev/null | head -20
 grep -E "(ERROR|RACECHECK) SUMMARY" "$out/memcheck.log" "$out/racecheck.log" 2>/dev/null
 cat "$out/host_overhead.log" 2>/dev/null
+[ -f "$out/ncu.log" ] && grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|Stall|Bank" "$out/ncu.log" | head -n 40
 grep -E "^(FAILED|ERROR)" "$out/py_tests.log" 2>/dev/null | head -n 30
 tail -n 1 "$out/py_tests.log" 2>/dev/null
 [ -f "$out/bench.log" ] && tail -n 32 "$out/bench.log"
