@@ -53,7 +53,7 @@ struct KvCacheOptions : SequenceOptions {
 /// row that sees no key gives out 0 and lse -inf.
 /// Throws sdpa::Error naming the argument for any shape, dtype, device or value that does
 /// not fit (a length past the cache's capacity, a rotary table too short, non-int32
-/// cache_seqlens, ALiBi together with soft-capping, a block_table entry outside the pool
+/// cache_seqlens, a block_table entry outside the pool
 /// for a page a sequence uses); every check runs before the caches are written, so a
 /// refused call leaves them untouched.
 AttentionResult attention_with_kvcache(const Tensor& q, const Tensor& k_cache,

@@ -21,7 +21,8 @@ struct SequenceOptions {
   int64_t window_left = -1, window_right = -1;
   /// ALiBi slopes, one per query head, aligned bottom-right as the window; empty: none.
   std::vector<float> alibi_slopes;
-  /// Soft-capping of the scaled scores, cap * tanh(s / cap) (Gemma 2); 0: none.
+  /// Soft-capping of the scaled scores, cap * tanh(s / cap) (Gemma 2); 0: none. With ALiBi
+  /// too, the ALiBi term is added to the capped score (flash-attn's order).
   double softcap = 0.0;
   /// Score scale; default 1/sqrt(E).
   std::optional<double> scale;

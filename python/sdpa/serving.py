@@ -47,7 +47,7 @@ def attention_with_kvcache(q: Any, k_cache: Any, v_cache: Any, cache_seqlens: An
     when causal or windowed (else q at cache_seqlens[b]); rotary_interleaved selects
     GPT-J's pairs over GPT-NeoX's halves. causal / window_size=(left, right) (-1:
     unbounded) are aligned bottom-right to each sequence's length after the append;
-    alibi_slopes [Hq]; softcap: cap * tanh(score / cap) when > 0 (not with alibi_slopes).
+    alibi_slopes [Hq]; softcap: cap * tanh(score / cap) when > 0 (ALiBi is added after it).
     Returns out [B, L, Hq, Ev], and lse float32 [B, Hq, L] with ``return_lse``. Raises
     sdpa.Error naming the argument for bad input, before anything is written.
 
@@ -98,7 +98,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     [cu_seqlens_k[b], cu_seqlens_k[b + 1]), and attends only to its own keys.
     max_seqlen_q / max_seqlen_k bound the lengths (a longer sequence is an error). causal /
     window_size=(left, right) (-1: unbounded) are aligned bottom-right in each sequence;
-    alibi_slopes [Hq]; softcap: cap * tanh(score / cap) when > 0 (not with alibi_slopes).
+    alibi_slopes [Hq]; softcap: cap * tanh(score / cap) when > 0 (ALiBi is added after it).
     Returns out [total_q, Hq, Ev], and lse float32 [Hq, total_q] with ``return_lse``; a
     query that sees no key gives 0 (lse -inf). torch tensors get autograd through q, k and
     v (the library's per-sequence FlashAttention-2 backward). Raises sdpa.Error naming the

@@ -84,6 +84,20 @@ def test_flash_attn_refuses_what_it_cannot_run(rng):
         fa.flash_attn_with_kvcache(q, q, q, k=q[:, :1], v=q[:, :1])
 
 
+def test_flash_attn_func_caps_then_adds_alibi(rng):
+    """flash-attn's order with both: cap * tanh(s / cap), then -slope * |i + S - L - j|."""
+    B, Sq, Sk, H, E, cap = 2, 5, 9, 2, 8, 2.0
+    q, k, v = (rng.standard_normal((B, n, H, E)).astype(np.float32) for n in (Sq, Sk, Sk))
+    slopes = np.array([0.5, 0.25])
+    got = fa.flash_attn_func(q, k, v, softcap=cap, alibi_slopes=list(slopes))
+    scores = _bhsd(q) @ _bhsd(k).transpose(0, 1, 3, 2) / np.sqrt(E)
+    distance = np.abs(np.arange(Sq)[:, None] + Sk - Sq - np.arange(Sk)[None, :])
+    scores = cap * np.tanh(scores / cap) - slopes[None, :, None, None] * distance
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (weights / weights.sum(-1, keepdims=True)) @ _bhsd(v)
+    np.testing.assert_allclose(got.transpose(0, 2, 1, 3), want, **tolerance(np.float32))
+
+
 def _packed_dropout_reference(q, k, v, dropout_p, state):
     """flash_attn_func's q/k/v [B, S, H, E] as one packed [1, H, B*S, E] call under a
     block-diagonal mask, dropping with `state`: (out [B, Sq, Hq, Ev], lse [Hq, B*Sq])."""

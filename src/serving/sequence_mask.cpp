@@ -1,9 +1,11 @@
 // SequenceOptions as one attention call per sequence: the band and ALiBi bottom-right in
-// the sequence's own q_len x kv_len, soft-capping as a flex score_mod.
+// the sequence's own q_len x kv_len, soft-capping (with ALiBi after it, when both are
+// given) as a flex score_mod.
 
 #include "serving/sequence_mask.h"
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -16,8 +18,9 @@
 namespace sdpa::serving {
 namespace {
 
-// The options' mask and ALiBi for a sequence of q_len queries and kv_len keys.
-AttnMask sequence_bias(const SequenceOptions& o, int64_t q_len, int64_t kv_len) {
+// The options' mask, and their ALiBi when `alibi`, for a sequence of q_len queries and
+// kv_len keys.
+AttnMask sequence_bias(const SequenceOptions& o, int64_t q_len, int64_t kv_len, bool alibi) {
   std::vector<AttnBiasPtr> parts;
   const int64_t right = o.causal ? 0 : o.window_right;
   if (o.window_left < 0 && right == 0) {
@@ -27,12 +30,28 @@ AttnMask sequence_bias(const SequenceOptions& o, int64_t q_len, int64_t kv_len) 
         o.window_left < 0 ? std::nullopt : std::optional<int64_t>(o.window_left),
         right < 0 ? std::nullopt : std::optional<int64_t>(right), DiagonalAlignment::kBottomRight));
   }
-  if (!o.alibi_slopes.empty()) {
+  if (alibi && !o.alibi_slopes.empty()) {
     parts.push_back(std::make_shared<AlibiBias>(o.alibi_slopes, DiagonalAlignment::kBottomRight));
   }
   if (parts.empty()) return {};
   if (parts.size() == 1) return parts.front();
   return std::make_shared<ComposedBias>(std::move(parts));
+}
+
+// Soft-capping, then ALiBi aligned bottom-right (diagonal offset kv_len - q_len), as one
+// score_mod: flash-attn caps the scores before adding ALiBi, while a native ALiBi bias
+// comes before any score_mod.
+flex::Program capped_alibi(double cap, const std::vector<float>& slopes, int64_t offset) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(slopes.size())}, DType::kFloat32);
+  std::memcpy(t.data_ptr(), slopes.data(), slopes.size() * sizeof(float));
+  const flex::Captured s("alibi_slopes", t);
+  const flex::ScoreMod capped = flex::mods::soft_cap(cap);
+  return flex::Program::from_score_mod([=](const flex::Expr& score, const flex::Expr& b,
+                                           const flex::Expr& h, const flex::Expr& q,
+                                           const flex::Expr& kv) {
+    const flex::Expr distance = flex::abs(q + flex::Expr(offset) - kv);
+    return capped(score, b, h, q, kv) - flex::Expr(s[h]) * flex::to_float(distance);
+  });
 }
 
 }  // namespace
@@ -51,17 +70,19 @@ void check_sequence_options(const SequenceOptions& o, int64_t num_heads_q) {
   SDPA_CHECK(o.dropout_p == 0.0 || o.softcap == 0.0,
              "dropout_p with softcap: the soft-cap runs as a flex score_mod, which has no "
              "dropout; pass one of the two");
-  SDPA_CHECK(o.alibi_slopes.empty() || o.softcap == 0.0,
-             "alibi_slopes with softcap: soft-capping applies to the scores before the ALiBi "
-             "bias, which sdpa's kernels do not order that way; pass one of the two");
 }
 
 SequenceCall::SequenceCall(const SequenceOptions& o, int64_t q_len, int64_t kv_len, bool gqa) {
   options.scale = o.scale;
   options.enable_gqa = gqa;
-  options.attn_mask = sequence_bias(o, q_len, kv_len);
+  const bool capped = o.softcap > 0.0;
+  options.attn_mask = sequence_bias(o, q_len, kv_len, /*alibi=*/!capped);
   options.dropout_p = o.dropout_p;
-  if (o.softcap > 0.0) softcap = flex::Program::from_score_mod(flex::mods::soft_cap(o.softcap));
+  if (capped && !o.alibi_slopes.empty()) {
+    softcap = capped_alibi(o.softcap, o.alibi_slopes, kv_len - q_len);
+  } else if (capped) {
+    softcap = flex::Program::from_score_mod(flex::mods::soft_cap(o.softcap));
+  }
 }
 
 AttentionParams SequenceCall::params(const Tensor& q, const Tensor& k, const Tensor& v,

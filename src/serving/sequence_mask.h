@@ -17,7 +17,8 @@ namespace sdpa::serving {
 void check_sequence_options(const SequenceOptions& o, int64_t num_heads_q);
 
 /// One sequence's attention: the options' band and ALiBi for q_len x kv_len, their scale,
-/// GQA when the head counts differ, and the soft-cap program (none when softcap is 0).
+/// GQA when the head counts differ, and the soft-cap program (none when softcap is 0; it
+/// adds the ALiBi term after capping when both are given).
 struct SequenceCall {
   SDPAOptions options;
   std::optional<flex::Program> softcap;
