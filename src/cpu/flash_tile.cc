@@ -119,12 +119,14 @@ HWY_INLINE bool TileKeys(const HeadMasking& m, const FlashScratch& ws, const Key
 // tile that every row keeps entirely (band, and the BlockMask's exact kept keys from
 // TileKeys), and a score_mod, if any, that runs on the fused float32 kernel's registers.
 // Interior tiles of documents, windows and causal BlockMasks, and every whole tile of a
-// soft-capping or ALiBi score_mod, then cost what plain attention's do.
+// soft-capping or ALiBi score_mod, then cost what plain attention's do. A native ALiBi
+// bias is added to the scores before the score_mod, which the fused kernel cannot do:
+// such tiles take the masked path, where ScoresAndSoftmax applies both in that order.
 HWY_INLINE bool FlexTileInRegisters(const AttentionParams& p, FlashScratch& ws,
                                     const TileKeySet& set, int64_t rows, int64_t j0,
                                     bool bf16) {
   if (!ws.flex.active() || p.mask.dense_kind != DenseMaskKind::kNone ||
-      j0 + kBlockKv > p.kv_len) {
+      !p.mask.alibi_slopes.empty() || j0 + kBlockKv > p.kv_len) {
     return false;
   }
   if (ws.flex.score_mod &&

@@ -129,6 +129,31 @@ TEST(FlexComposition, AttnMaskComposesWithScoreModAndBlockMask) {
   }
 }
 
+// A native AlibiBias (bottom-right) with a score_mod and no BlockMask: whole key tiles
+// (S past FLASH's 64-key tile) that the fused kernel could take for a register score_mod
+// must still get the bias first. FLASH once dropped the score_mod there (fuzzer finding).
+TEST(FlexComposition, AlibiBiasBeforeScoreModOnWholeKeyTiles) {
+  const int64_t B = 1, Hq = 3, Hkv = 3, L = 17, S = 130, E = 67, Ev = 19;
+  const Inputs in = inputs(B, Hq, Hkv, L, S, E, Ev, 250);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(E));
+  const std::vector<float> slopes = {0.25f, 0.0625f, 0.00390625f};
+  const double cap = 2.0;
+  SDPAOptions opts;
+  opts.attn_mask = std::make_shared<sdpa::AlibiBias>(slopes);
+  RefMods m;
+  m.additive = [&](int64_t, int64_t h, int64_t i, int64_t j) {
+    return -slopes[static_cast<size_t>(h)] * std::abs(static_cast<double>(i + S - L - j));
+  };
+  m.score = [cap](double s, int64_t, int64_t, int64_t, int64_t) { return cap * std::tanh(s / cap); };
+  m.dscore = [cap](double s, int64_t, int64_t, int64_t, int64_t) {
+    const double t = std::tanh(s / cap);
+    return 1 - t * t;
+  };
+  check_flash_against(in, Program::from_score_mod(mods::soft_cap(cap)), nullptr, opts,
+                      reference_forward(in.q, in.k, in.v, scale, m),
+                      reference_backward(in.dout, in.q, in.k, in.v, scale, m));
+}
+
 // The smallest form of the AttnBias case above: MATH runs a natively lowerable AttnBias
 // by materializing it, and must keep the call's score_mod and BlockMask while doing so.
 TEST(FlexComposition, MathKeepsFlexPartsWhenMaterializingAnAttnBias) {
