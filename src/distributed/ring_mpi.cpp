@@ -48,6 +48,11 @@ class Ring {
     }
     SDPA_CHECK(q_lengths_ == kv_lengths_, "context_parallel_attention: query and key/value "
                "slices must hold the same positions on every rank");
+    int64_t total = 0;
+    for (int64_t n : q_lengths_) total += n;
+    total_ = total;
+    // Every rank computes the same mask from the same options: all throw alike.
+    mask_ = global_mask(options, total);
     q_segs_ = segments(options.layout, q_lengths_, rank_);
     for (int r = 0; r < world_; ++r) kv_segs_.push_back(segments(options.layout, kv_lengths_, r));
   }
@@ -57,14 +62,37 @@ class Ring {
   int owner(int step) const { return ((rank_ - step) % world_ + world_) % world_; }
   int64_t kv_len(int rank) const { return kv_lengths_[static_cast<size_t>(rank)]; }
   std::vector<Piece> pieces_of(int owner) const {
-    return pieces(q_segs_, kv_segs_[static_cast<size_t>(owner)], options_.is_causal);
+    return pieces(q_segs_, kv_segs_[static_cast<size_t>(owner)], mask_);
   }
-  SDPAOptions call_options(const AttnBiasPtr& mask) const {
+  // The options of one piece's call; with dropout, it draws its weights at their places
+  // in the whole [T, T] attention.
+  SDPAOptions call_options(const Piece& piece, const PhiloxState& dropout_state) const {
     SDPAOptions o;
-    if (mask) o.attn_mask = mask;
+    if (piece.mask) o.attn_mask = piece.mask;
     o.scale = options_.scale;
     o.enable_gqa = options_.enable_gqa;
+    if (options_.dropout_p > 0.0) {
+      o.dropout_p = options_.dropout_p;
+      o.dropout_state = dropout_state;
+      o.dropout_position = DropoutPosition{piece.q_start, piece.k_start, total_, total_};
+    }
     return o;
+  }
+
+  // The dropout state of a forward: the given one, or rank 0's draw sent to every rank.
+  PhiloxState forward_dropout_state() const {
+    if (!(options_.dropout_p > 0.0)) return {};
+    if (options_.dropout_state) return *options_.dropout_state;
+    uint64_t state[2] = {0, 0};
+    if (rank_ == 0) {
+      Generator& gen = options_.generator ? *options_.generator : default_generator();
+      const PhiloxState drawn = gen.next();
+      state[0] = drawn.seed;
+      state[1] = drawn.offset;
+    }
+    check_mpi(MPI_Bcast(state, 2, MPI_UINT64_T, 0, comm_),
+              "the broadcast of the dropout state (MPI_Bcast)");
+    return {state[0], state[1]};
   }
 
   // Posts the sends of `tensors` (contiguous) to the next rank and the receives of the
@@ -114,13 +142,21 @@ class Ring {
   MPI_Comm comm_;
   ContextParallelOptions options_;
   int rank_ = 0, world_ = 1;
+  int64_t total_ = 0;
+  GlobalMask mask_;
   std::vector<int64_t> q_lengths_, kv_lengths_;
   std::vector<Segment> q_segs_;
   std::vector<std::vector<Segment>> kv_segs_;
   std::vector<MPI_Request> requests_;
 };
 
-void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
+// Checks every rank makes alike before any message, so that none is left waiting for a
+// rank that threw.
+void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
+                  const ContextParallelOptions& options) {
+  SDPA_CHECK(options.dropout_p >= 0.0 && options.dropout_p <= 1.0,
+             "context_parallel_attention: dropout_p: expected a probability in [0, 1], got ",
+             options.dropout_p);
   for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
     SDPA_CHECK(t->dim() == 4, "context_parallel_attention: ", name,
                ": expected [B, H, L_r, E], got ", t->describe());
@@ -151,10 +187,12 @@ void add_into(const Tensor& dst, const Tensor& src) {
 
 }  // namespace
 
-AttentionState context_parallel_attention(MPI_Comm comm, const Tensor& q, const Tensor& k,
-                                          const Tensor& v, const ContextParallelOptions& options) {
-  check_inputs(q, k, v);
+AttentionResult context_parallel_attention(MPI_Comm comm, const Tensor& q, const Tensor& k,
+                                           const Tensor& v, const ContextParallelOptions& options) {
+  check_inputs(q, k, v, options);
   Ring ring(comm, q.size(2), k.size(2), options);
+  const PhiloxState dropout_state = ring.forward_dropout_state();
+  SDPBackend backend = SDPBackend::ERROR;
   Tensor out = Tensor::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, DType::kFloat32);
   Tensor lse = Tensor::full({q.size(0), q.size(1), q.size(2)},
                             -std::numeric_limits<double>::infinity(), DType::kFloat32);
@@ -165,12 +203,13 @@ AttentionState context_parallel_attention(MPI_Comm comm, const Tensor& q, const 
     for (const Piece& p : ring.pieces_of(ring.owner(step))) {
       const AttentionResult part = scaled_dot_product_attention_with_lse(
           q.slice(2, p.q0, p.q1), keys.slice(2, p.k0, p.k1), values.slice(2, p.k0, p.k1),
-          ring.call_options(p.mask));
+          ring.call_options(p, dropout_state));
       Tensor out_rows = out.slice(2, p.q0, p.q1), lse_rows = lse.slice(2, p.q0, p.q1);
       const AttentionState merged = merge_attention_states(
           out_rows, lse_rows, part.out.to(DType::kFloat32), part.lse);
       out_rows.copy_(merged.out);
       lse_rows.copy_(merged.lse);
+      backend = part.backend;
     }
     if (!next.empty()) {
       ring.wait();
@@ -178,7 +217,12 @@ AttentionState context_parallel_attention(MPI_Comm comm, const Tensor& q, const 
       values = next[1];
     }
   }
-  return {out.to(q.dtype()), lse};
+  AttentionResult result;
+  result.out = out.to(q.dtype());
+  result.lse = lse;
+  result.backend = backend;
+  result.philox = dropout_state;
+  return result;
 }
 
 AttentionGradients context_parallel_attention_backward(MPI_Comm comm, const Tensor& grad_out,
@@ -186,8 +230,12 @@ AttentionGradients context_parallel_attention_backward(MPI_Comm comm, const Tens
                                                        const Tensor& v, const Tensor& out,
                                                        const Tensor& lse,
                                                        const ContextParallelOptions& options) {
-  check_inputs(q, k, v);
+  check_inputs(q, k, v, options);
+  SDPA_CHECK(!(options.dropout_p > 0.0) || options.dropout_state,
+             "context_parallel_attention_backward: options.dropout_state: the backward of a "
+             "call with dropout needs the forward's state (its AttentionResult::philox)");
   Ring ring(comm, q.size(2), k.size(2), options);
+  const PhiloxState dropout_state = options.dropout_state.value_or(PhiloxState{});
   Tensor dq = Tensor::zeros(q.sizes(), DType::kFloat32);
   Tensor dk = Tensor::zeros(k.sizes(), DType::kFloat32);
   Tensor dv = Tensor::zeros(v.sizes(), DType::kFloat32);
@@ -199,7 +247,7 @@ AttentionGradients context_parallel_attention_backward(MPI_Comm comm, const Tens
       const AttentionGradients g = scaled_dot_product_attention_backward(
           grad_out.slice(2, p.q0, p.q1), q.slice(2, p.q0, p.q1), keys.slice(2, p.k0, p.k1),
           values.slice(2, p.k0, p.k1), out.slice(2, p.q0, p.q1), lse.slice(2, p.q0, p.q1),
-          ring.call_options(p.mask));
+          ring.call_options(p, dropout_state));
       add_into(dq.slice(2, p.q0, p.q1), g.grad_q);
       add_into(dk.slice(2, p.k0, p.k1), g.grad_k);
       add_into(dv.slice(2, p.k0, p.k1), g.grad_v);
