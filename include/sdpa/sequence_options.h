@@ -31,7 +31,8 @@ struct SequenceOptions {
   /// and the kept ones scaled by 1 / (1 - dropout_p). Sequence b's weight (h, i, j) draws
   /// as weight (0, h, cu_seqlens_q[b] + i, cu_seqlens_k[b] + j) of the packed call
   /// [1, Hq, total_q, total_k], so the mask is the one scaled_dot_product_attention draws
-  /// for the packed tensors under a BlockDiagonalBias with the same state.
+  /// for the packed tensors under a BlockDiagonalBias with the same state (with softcap,
+  /// flex_attention's with the cap).
   double dropout_p = 0.0;
   /// Draws the forward's state when dropout_state is absent; the default generator when
   /// null.

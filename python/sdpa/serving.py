@@ -110,7 +110,7 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     page_size], and cu_seqlens_k counts each sequence's cached keys. Forward only, as in
     flash-attn: with torch tensors that require grad it raises sdpa.Error.
 
-    ``dropout_p`` (training; not with ``softcap`` or ``block_table``): each attention
+    ``dropout_p`` (training; not with ``block_table``): each attention
     weight is dropped with that probability and the rest scaled by 1 / (1 - dropout_p),
     the mask drawn from sdpa's default generator (``sdpa.manual_seed``) as the packed
     call's (sequence b's weight (h, i, j) is weight (h, cu_seqlens_q[b] + i,

@@ -74,8 +74,6 @@ def test_flash_attn_with_kvcache_defaults_to_interleaved_rotary(rng):
 
 def test_flash_attn_refuses_what_it_cannot_run(rng):
     q = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)
-    with pytest.raises(sdpa.Error, match="dropout_p with softcap"):
-        fa.flash_attn_func(q, q, q, dropout_p=0.1, softcap=5.0)
     cu = np.array([0, 4], np.int32)
     with pytest.raises(sdpa.Error, match=r"block_table\[0\]\[0\] = 5 is outside"):
         fa.flash_attn_varlen_func(q[0], q, q, cu, cu, 4, 4,
@@ -113,6 +111,24 @@ def _packed_dropout_reference(q, k, v, dropout_p, state):
                                                    dropout_state=state)
     out = np.asarray(r.out).transpose(1, 0, 2).reshape(B, Sq, Hq, -1)
     return out, r
+
+
+def test_flash_attn_func_dropout_with_softcap_is_the_varlen_calls(rng):
+    """dropout_p with softcap: the weights attention_varlen drops on the packed sequences
+    (tested against flex_attention on the packed tensors in C++), and both act."""
+    B, S, H, E = 2, 7, 2, 8
+    q, k, v = (rng.standard_normal((B, S, H, E)).astype(np.float32) * 3 for _ in range(3))
+    sdpa.manual_seed(5)
+    got = fa.flash_attn_func(q, k, v, dropout_p=0.3, softcap=2.0, causal=True)
+    cu = np.arange(0, (B + 1) * S, S, dtype=np.int32)
+    sdpa.manual_seed(5)
+    packed = [x.reshape(B * S, H, E) for x in (q, k, v)]
+    want = sdpa.attention_varlen(*packed, cu, cu, S, S, causal=True, softcap=2.0,
+                                 dropout_p=0.3)
+    np.testing.assert_array_equal(got.reshape(B * S, H, E), want)
+    sdpa.manual_seed(5)
+    without_cap = fa.flash_attn_func(q, k, v, dropout_p=0.3, softcap=0.0, causal=True)
+    assert np.abs(without_cap - got).max() > 0.01
 
 
 def test_flash_attn_func_dropout_is_the_packed_calls_mask(rng):

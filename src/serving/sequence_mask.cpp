@@ -67,9 +67,6 @@ void check_sequence_options(const SequenceOptions& o, int64_t num_heads_q) {
              o.alibi_slopes.size());
   SDPA_CHECK(o.dropout_p >= 0.0 && o.dropout_p <= 1.0,
              "dropout_p: expected a probability in [0, 1], got ", o.dropout_p);
-  SDPA_CHECK(o.dropout_p == 0.0 || o.softcap == 0.0,
-             "dropout_p with softcap: the soft-cap runs as a flex score_mod, which has no "
-             "dropout; pass one of the two");
 }
 
 SequenceCall::SequenceCall(const SequenceOptions& o, int64_t q_len, int64_t kv_len, bool gqa) {

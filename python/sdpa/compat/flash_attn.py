@@ -7,7 +7,7 @@ scaled scores. Replace ``from flash_attn import flash_attn_func`` with
 
 ``dropout_p`` drops attention weights as flash-attn does, with sdpa's generator
 (``sdpa.manual_seed``; the mask is sdpa's own, not flash-attn's CUDA one), and the torch
-backward replays it; not with ``softcap`` (sdpa.Error).
+backward replays it (with ``softcap`` too).
 
 Differences, each raising sdpa.Error rather than computing something else:
 ``return_attn_probs`` (flash-attn's S_dmask is a debugging output; the logsumexp is
