@@ -39,9 +39,13 @@ void lower_bias(const AttnBiasPtr& bias, AttentionParams& p) {
 
 }  // namespace
 
+bool bias_stays_native(const AttentionParams& params) {
+  return params.bias && !params.bias->needs_materialization() && params.mask.score_mod;
+}
+
 AttentionParams with_materialized_bias(const AttentionParams& params) {
   if (!params.bias || params.bias->needs_materialization() ||
-      dynamic_cast<const TensorBias*>(params.bias.get())) {
+      dynamic_cast<const TensorBias*>(params.bias.get()) || bias_stays_native(params)) {
     return params;
   }
   AttentionParams p = params;

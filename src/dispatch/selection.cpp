@@ -5,6 +5,7 @@
 
 #include "dispatch/backend_impl.h"
 #include "dispatch/backend_state.h"
+#include "dispatch/lowering.h"
 #include "sdpa/flex.h"
 
 namespace sdpa {
@@ -58,7 +59,8 @@ Explanation explain(const AttentionParams& params) {
     if (params.bias) {
       const bool dense = params.bias->needs_materialization() ||
                          params.mask.dense_kind != DenseMaskKind::kNone;
-      const bool native = detail::backend_impl(b).native_bias && !params.bias->needs_materialization();
+      const bool native = (detail::backend_impl(b).native_bias || bias_stays_native(params)) &&
+                          !params.bias->needs_materialization();
       v.bias_handling = std::string(native ? "native" : "materialized") +
                         (dense && native ? " (dense tensor)" : "") + ": " +
                         params.bias->describe();

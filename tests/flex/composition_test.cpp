@@ -154,6 +154,37 @@ TEST(FlexComposition, AlibiBiasBeforeScoreModOnWholeKeyTiles) {
                       reference_backward(in.dout, in.q, in.k, in.v, scale, m));
 }
 
+// compose(ALiBi, causal) with a score_mod: the ALiBi term goes into the score_mod, the
+// causal mask acts after it, on every backend. MATH once materialized the composition as
+// one additive tensor, so masked keys became soft_cap(-inf) = -cap and took part.
+TEST(FlexComposition, ComposedAlibiAndCausalKeepTheirOrderAroundAScoreMod) {
+  const int64_t B = 2, Hq = 4, Hkv = 2, E = 16, Ev = 8;
+  const double cap = 2.0;
+  for (const auto& [L, S] : {std::pair<int64_t, int64_t>{17, 70}, {40, 29}}) {
+    SCOPED_TRACE("L " + std::to_string(L) + ", S " + std::to_string(S));
+    const Inputs in = inputs(B, Hq, Hkv, L, S, E, Ev, 260);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(E));
+    const auto alibi = std::make_shared<sdpa::AlibiBias>(Hq);
+    const std::vector<float> slopes = alibi->slopes();
+    SDPAOptions opts;
+    opts.enable_gqa = true;
+    opts.attn_mask = sdpa::compose({alibi, sdpa::causal_lower_right(L, S)});
+    RefMods m;
+    m.additive = [&](int64_t, int64_t h, int64_t i, int64_t j) {
+      return -slopes[static_cast<size_t>(h)] * std::abs(static_cast<double>(i + S - L - j));
+    };
+    m.score = [cap](double s, int64_t, int64_t, int64_t, int64_t) { return cap * std::tanh(s / cap); };
+    m.dscore = [cap](double s, int64_t, int64_t, int64_t, int64_t) {
+      const double t = std::tanh(s / cap);
+      return 1 - t * t;
+    };
+    m.keep = [&](int64_t, int64_t, int64_t i, int64_t j) { return j <= i + S - L; };
+    check_flash_against(in, Program::from_score_mod(mods::soft_cap(cap)), nullptr, opts,
+                        reference_forward(in.q, in.k, in.v, scale, m),
+                        reference_backward(in.dout, in.q, in.k, in.v, scale, m));
+  }
+}
+
 // The smallest form of the AttnBias case above: MATH runs a natively lowerable AttnBias
 // by materializing it, and must keep the call's score_mod and BlockMask while doing so.
 TEST(FlexComposition, MathKeepsFlexPartsWhenMaterializingAnAttnBias) {
