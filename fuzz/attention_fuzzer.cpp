@@ -137,6 +137,24 @@ AttnMask make_mask(FuzzedDataProvider& in, int64_t B, int64_t H, int64_t L, int6
       }
       return std::make_shared<BlockDiagonalBias>(cu, cu);
     }
+    case 8: {
+      // ALiBi's additive term composed with a mask: with a score_mod, the term goes into
+      // it and the mask acts after it on every backend.
+      AttnBiasPtr mask;
+      switch (in.ConsumeIntegralInRange(0, 2)) {
+        case 0: mask = causal_lower_right(L, S); break;
+        case 1:
+          mask = std::make_shared<LocalAttentionBias>(in.ConsumeIntegralInRange<int64_t>(0, 80),
+                                                      in.ConsumeIntegralInRange<int64_t>(0, 5));
+          break;
+        default:
+          mask = std::make_shared<PaddedKeysBias>(
+              std::vector<int64_t>(static_cast<size_t>(std::min<int64_t>(B, 64)),
+                                   in.ConsumeIntegralInRange<int64_t>(0, S)),
+              true);
+      }
+      return compose({std::make_shared<AlibiBias>(H), mask});
+    }
     default:
       return {};
   }
