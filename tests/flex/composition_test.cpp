@@ -160,7 +160,8 @@ TEST(FlexComposition, AlibiBiasBeforeScoreModOnWholeKeyTiles) {
 TEST(FlexComposition, ComposedAlibiAndCausalKeepTheirOrderAroundAScoreMod) {
   const int64_t B = 2, Hq = 4, Hkv = 2, E = 16, Ev = 8;
   const double cap = 2.0;
-  for (const auto& [L, S] : {std::pair<int64_t, int64_t>{17, 70}, {40, 29}}) {
+  for (const auto& lengths : {std::pair<int64_t, int64_t>{17, 70}, {40, 29}}) {
+    const int64_t L = lengths.first, S = lengths.second;  // lambdas below capture them
     SCOPED_TRACE("L " + std::to_string(L) + ", S " + std::to_string(S));
     const Inputs in = inputs(B, Hq, Hkv, L, S, E, Ev, 260);
     const double scale = 1.0 / std::sqrt(static_cast<double>(E));
