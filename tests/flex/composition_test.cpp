@@ -129,6 +129,21 @@ TEST(FlexComposition, AttnMaskComposesWithScoreModAndBlockMask) {
   }
 }
 
+// The reference of a bottom-right ALiBi term with `slopes` over L queries and S keys,
+// then soft_cap(cap): the order every backend applies an ALiBi bias and a score_mod.
+RefMods capped_after_alibi(const std::vector<float>& slopes, double cap, int64_t L, int64_t S) {
+  RefMods m;
+  m.additive = [slopes, L, S](int64_t, int64_t h, int64_t i, int64_t j) {
+    return -slopes[static_cast<size_t>(h)] * std::abs(static_cast<double>(i + S - L - j));
+  };
+  m.score = [cap](double s, int64_t, int64_t, int64_t, int64_t) { return cap * std::tanh(s / cap); };
+  m.dscore = [cap](double s, int64_t, int64_t, int64_t, int64_t) {
+    const double t = std::tanh(s / cap);
+    return 1 - t * t;
+  };
+  return m;
+}
+
 // A native AlibiBias (bottom-right) with a score_mod and no BlockMask: whole key tiles
 // (S past FLASH's 64-key tile) that the fused kernel could take for a register score_mod
 // must still get the bias first. FLASH once dropped the score_mod there (fuzzer finding).
@@ -140,15 +155,7 @@ TEST(FlexComposition, AlibiBiasBeforeScoreModOnWholeKeyTiles) {
   const double cap = 2.0;
   SDPAOptions opts;
   opts.attn_mask = std::make_shared<sdpa::AlibiBias>(slopes);
-  RefMods m;
-  m.additive = [&](int64_t, int64_t h, int64_t i, int64_t j) {
-    return -slopes[static_cast<size_t>(h)] * std::abs(static_cast<double>(i + S - L - j));
-  };
-  m.score = [cap](double s, int64_t, int64_t, int64_t, int64_t) { return cap * std::tanh(s / cap); };
-  m.dscore = [cap](double s, int64_t, int64_t, int64_t, int64_t) {
-    const double t = std::tanh(s / cap);
-    return 1 - t * t;
-  };
+  const RefMods m = capped_after_alibi(slopes, cap, L, S);
   check_flash_against(in, Program::from_score_mod(mods::soft_cap(cap)), nullptr, opts,
                       reference_forward(in.q, in.k, in.v, scale, m),
                       reference_backward(in.dout, in.q, in.k, in.v, scale, m));
@@ -170,16 +177,8 @@ TEST(FlexComposition, ComposedAlibiAndCausalKeepTheirOrderAroundAScoreMod) {
     SDPAOptions opts;
     opts.enable_gqa = true;
     opts.attn_mask = sdpa::compose({alibi, sdpa::causal_lower_right(L, S)});
-    RefMods m;
-    m.additive = [&](int64_t, int64_t h, int64_t i, int64_t j) {
-      return -slopes[static_cast<size_t>(h)] * std::abs(static_cast<double>(i + S - L - j));
-    };
-    m.score = [cap](double s, int64_t, int64_t, int64_t, int64_t) { return cap * std::tanh(s / cap); };
-    m.dscore = [cap](double s, int64_t, int64_t, int64_t, int64_t) {
-      const double t = std::tanh(s / cap);
-      return 1 - t * t;
-    };
-    m.keep = [&](int64_t, int64_t, int64_t i, int64_t j) { return j <= i + S - L; };
+    RefMods m = capped_after_alibi(slopes, cap, L, S);
+    m.keep = [L, S](int64_t, int64_t, int64_t i, int64_t j) { return j <= i + S - L; };
     check_flash_against(in, Program::from_score_mod(mods::soft_cap(cap)), nullptr, opts,
                         reference_forward(in.q, in.k, in.v, scale, m),
                         reference_backward(in.dout, in.q, in.k, in.v, scale, m));
