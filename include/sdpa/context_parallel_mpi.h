@@ -67,9 +67,9 @@ struct ContextParallelOptions {
 
 /// This rank's out [B, Hq, L_r, Ev] (query dtype) and logsumexp [B, Hq, L_r] (float32) of
 /// attention over the whole sequence, the dropout state used (philox) and the backend
-/// that ran this rank's pieces (ERROR when it had none). q [B, Hq, L_r, E], k [B, Hkv, L_r, E], v [B, Hkv, L_r, Ev]: this rank's
-/// slice, CPU, float32 / float16 / bfloat16. Every rank of `comm` must call it with the
-/// same options. Throws sdpa::Error for invalid input (naming the argument) before any
+/// that ran this rank's pieces (ERROR when it had none). q [B, Hq, L_r, E],
+/// k [B, Hkv, L_r, E], v [B, Hkv, L_r, Ev]: this rank's slice, CPU, float32 / float16 /
+/// bfloat16. Every rank of `comm` must call it with the same options. Throws sdpa::Error for invalid input (naming the argument) before any
 /// communication where it can; MPI errors follow the communicator's error handler (by
 /// default they abort the job: a rank that dies makes mpirun end every other rank).
 AttentionResult context_parallel_attention(MPI_Comm comm, const Tensor& q, const Tensor& k,
