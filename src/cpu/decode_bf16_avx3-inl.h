@@ -41,7 +41,7 @@ struct Bf16Keys {
                             int64_t r) const {
     const int64_t E = call.k_rows.cols();
     const uint16_t* src = static_cast<const uint16_t*>(q_rows.row_data(i));
-    uint16_t* dst = call.ws.q_bf16 + r * call.e_pad;
+    uint16_t* dst = call.q_bf16 + r * call.e_pad;
     for (int64_t e = 0; e < E; ++e) dst[e] = src[e * q_rows.col_stride()];
     std::fill(dst + E, dst + call.e_pad, uint16_t{0});
   }
@@ -59,7 +59,7 @@ struct Bf16Keys {
         Prefetch(k_rows, ahead);
         if (call.values_ahead && ahead < call.first_tile_end) Prefetch(*call.values_ahead, ahead);
       }
-      Bf16ScoreKeys<T>({call.ws.q_bf16, call.e_pad, call.rows},
+      Bf16ScoreKeys<T>({call.q_bf16, call.e_pad, call.rows},
                        {static_cast<const T*>(k_rows.row_data(j0 + c)), k_rows.row_stride(),
                         k_rows.cols(), S - j0 - c},
                        16, call.scale * RowDequant<T>(k_rows), {call.ws.scores + c, kBlockKv});

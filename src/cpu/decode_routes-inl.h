@@ -31,14 +31,17 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 /// One DecodeChunk call as its routes see it: the kv head's key and value rows, the
-/// working set, `rows` query rows (q [rows, e_pad], accumulators acc [rows, ev_pad]),
-/// kv_len S, the end of the chunk's first tile (whose value rows the key pass requests
-/// when `values_ahead` is set: the value route reads rows in place) and the softmax scale.
+/// working set, the head's query rows (q [rows, e_pad] as float32, or as bf16 bits by the
+/// vdpbf16ps key route; slots of ws), accumulators acc [rows, ev_pad], kv_len S, the end of
+/// the chunk's first tile (whose value rows the key pass requests when `values_ahead` is
+/// set: the value route reads rows in place) and the softmax scale.
 struct DecodeCall {
   const RowView& k_rows;
   const RowView& v_rows;
   const RowView* values_ahead;
   DecodeScratch& ws;
+  float* q;
+  uint16_t* q_bf16;
   int64_t rows, S, e_pad, ev_pad, first_tile_end;
   float scale;
   /// The chunk's online-softmax state; o holds the output rows [rows, ev_pad].
@@ -60,6 +63,7 @@ HWY_INLINE void LoadRow(const RowView& rows, int64_t r, int64_t padded, float* H
 inline constexpr int64_t kPrefetchRows = 32;
 
 HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
+  if (rows.is_window()) return;
   const char* row = static_cast<const char*>(rows.row_data(r));
   const int64_t bytes = rows.cols() * rows.col_stride() * rows.element_bytes();
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 0, 2);
@@ -69,7 +73,7 @@ HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
 // end too: the next chunk is usually this thread's next item (flash_decode.cpp).
 HWY_INLINE RowsAhead NextTileRows(const RowView& rows, int64_t j0, int64_t S) {
   const int64_t next = j0 + kBlockKv;
-  if (next >= S) return {nullptr, 0, rows.element_bytes()};
+  if (next >= S || rows.is_window()) return {nullptr, 0, rows.element_bytes()};
   // Rows one stride apart only (a paged view's run ends with its page).
   return {rows.row_data(next), std::min({S - next, kBlockKv, rows.rows_in_run(next)}),
           rows.element_bytes()};
@@ -78,17 +82,17 @@ HWY_INLINE RowsAhead NextTileRows(const RowView& rows, int64_t j0, int64_t S) {
 // The next tile's rows that NextTileRows' run of `run` rows leaves out (the later pages
 // of a paged cache), requested one by one; none for strided rows.
 HWY_INLINE void PrefetchRestOfNextTile(const RowView& rows, int64_t j0, int64_t S, int64_t run) {
-  const int64_t next = j0 + kBlockKv, end = std::min(S, next + kBlockKv);
+  const int64_t next = j0 + kBlockKv, end = rows.is_window() ? next : std::min(S, next + kBlockKv);
   for (int64_t r = next + run; r < end; ++r) Prefetch(rows, r);
 }
 
 // ws.scores[r * kBlockKv + c] = q_r . key_c for rows r < call.rows and keys c in [c0, c1)
-// (multiples of the lane count): q_r row r of ws.q, key_c row c of ws.tile (both e_pad
+// (multiples of the lane count): q_r row r of call.q, key_c row c of ws.tile (both e_pad
 // long).
 HWY_INLINE void ScoreKeys(const DecodeCall& call, int64_t c0, int64_t c1) {
   const hn::ScalableTag<float> d;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
-  const float* HWY_RESTRICT q = call.ws.q;
+  const float* HWY_RESTRICT q = call.q;
   const float* HWY_RESTRICT keys = call.ws.tile;
   float* HWY_RESTRICT scores = call.ws.scores;
   const int64_t rows = call.rows, e_pad = call.e_pad;
@@ -114,7 +118,7 @@ struct KeysInTile {
   /// Query row r of the call <- row i of q_rows, times the scale.
   HWY_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
                             int64_t r) const {
-    LoadRow(q_rows, i, call.e_pad, call.ws.q + r * call.e_pad, call.scale);
+    LoadRow(q_rows, i, call.e_pad, call.q + r * call.e_pad, call.scale);
   }
   /// Scores of the tile at j0 for keys [g_begin, g_end) (whole vectors; keys past kv_len
   /// score 0, masked by the caller).
@@ -201,7 +205,7 @@ HWY_INLINE void ScoreKeyGroupInPlace(const DecodeCall& call, int64_t j0, int64_t
     keys[k] = static_cast<const T*>(k_rows.row_data(key));
   }
   if (full < E) GatherTails(keys, lanes, full, E, tails);
-  ScoreKeysInPlace<kRows>({call.ws.q, call.e_pad, call.rows},
+  ScoreKeysInPlace<kRows>({call.q, call.e_pad, call.rows},
                           {keys, lanes, E, full, full < E ? tails : nullptr},
                           {call.ws.scores + c, kBlockKv, call.rows});
 }
@@ -241,7 +245,7 @@ struct KeysInPlace {
   KvRows kind;
   HWY_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
                             int64_t r) const {
-    float* q = call.ws.q + r * call.e_pad;
+    float* q = call.q + r * call.e_pad;
     LoadRow(q_rows, i, call.e_pad, q, call.scale * InPlaceDequant(kind, call.k_rows));
     if (kind == KvRows::kBFloat16) SplitRow(q, round_up(call.k_rows.cols(), SplitBlock()));
   }

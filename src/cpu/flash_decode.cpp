@@ -37,39 +37,67 @@ bool use_decode_path(const AttentionParams& p) {
   return !p.backward && p.group_size() * p.q_len <= kDecodeMaxRows;
 }
 
+int64_t kv_heads_per_item(const AttentionParams& p) {
+  // Heads side by side: head h's row r starts E elements after head h - 1's.
+  const auto side_by_side = [](const Tensor& rows) {
+    return rows.size(3) > 0 && rows.stride(3) == 1 && rows.stride(1) == rows.size(3);
+  };
+  if (p.num_heads_kv < 2 || !side_by_side(p.k) || !side_by_side(p.v)) return 1;
+  const int64_t per_head =
+      kBlockKv * (p.head_dim_qk * static_cast<int64_t>(element_size(p.k.dtype())) +
+                  p.head_dim_vo * static_cast<int64_t>(element_size(p.v.dtype())));
+  const int64_t most = std::min(kDecodeStageBytes / per_head, kDecodeMaxItemHeads);
+  if (most < 2) return 1;
+  const int64_t blocks = (p.num_heads_kv + most - 1) / most;
+  return (p.num_heads_kv + blocks - 1) / blocks;
+}
+
 DecodeScratch::DecodeScratch(const AttentionParams& params, bool bf16_dot)
-    : head_dim_qk_padded(round_up(params.head_dim_qk, kDecodeRowPad)),
+    : heads(kv_heads_per_item(params)),
+      head_dim_qk_padded(round_up(params.head_dim_qk, kDecodeRowPad)),
       head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kDecodeRowPad)),
       key_rows_in_place(in_place(params.k)),
       value_rows_in_place(in_place(params.v)),
       kv_rows(kv_rows_of(params.k.dtype())),
       flex(params.mask, kBlockKv) {
   // vdpbf16ps reads keys in runs of 16 rows one stride apart, which must not cross a page
-  // (values go page by page: Bf16Values).
-  const bool tile_runs = !params.kv_pages || params.kv_pages->page_size % 16 == 0;
+  // (values go page by page: Bf16Values); a staged tile (heads > 1) is one run.
+  const bool tile_runs =
+      !params.kv_pages || params.kv_pages->page_size % 16 == 0 || heads > 1;
   bf16_keys = bf16_dot && key_rows_in_place && tile_runs;
   bf16_values = bf16_keys && value_rows_in_place;
-  // The bf16 slots hold two elements per float.
-  const int64_t sizes[] = {kDecodeMaxRows * head_dim_qk_padded, kDecodeMaxRows * kBlockKv,
+  // The bf16 slots hold two elements per float; the stage's rows are whole cache lines.
+  const auto stage_floats = [&](const Tensor& rows, int64_t cols) {
+    const int64_t bytes = kBlockKv * heads * cols * static_cast<int64_t>(element_size(rows.dtype()));
+    return heads > 1 ? round_up(bytes, 64) / 4 : 0;
+  };
+  const int64_t sizes[] = {heads * kDecodeMaxRows * head_dim_qk_padded,
+                           kDecodeMaxRows * kBlockKv,
                            kBlockKv * std::max(head_dim_qk_padded, head_dim_vo_padded),
-                           bf16_keys ? kDecodeMaxRows * head_dim_qk_padded / 2 : 0,
-                           bf16_values ? kDecodeMaxRows * kBlockKv / 2 : 0};
+                           bf16_keys ? heads * kDecodeMaxRows * head_dim_qk_padded / 2 : 0,
+                           bf16_values ? kDecodeMaxRows * kBlockKv / 2 : 0,
+                           stage_floats(params.k, params.head_dim_qk),
+                           stage_floats(params.v, params.head_dim_vo)};
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
   buffer_ = Tensor::empty({total}, DType::kFloat32);
   float* next = buffer_.data<float>();
-  float *q_bf16_slot = nullptr, *p_bf16_slot = nullptr;
-  float** slots[] = {&q, &scores, &tile, &q_bf16_slot, &p_bf16_slot};
+  float *q_bf16_slot = nullptr, *p_bf16_slot = nullptr, *stage_k_slot = nullptr,
+        *stage_v_slot = nullptr;
+  float** slots[] = {&q, &scores, &tile, &q_bf16_slot, &p_bf16_slot, &stage_k_slot, &stage_v_slot};
   for (size_t i = 0; i < std::size(slots); ++i) {
     *slots[i] = next;
     next += sizes[i];
   }
   q_bf16 = reinterpret_cast<uint16_t*>(q_bf16_slot);
   p_bf16 = reinterpret_cast<uint16_t*>(p_bf16_slot);
+  stage_k = stage_k_slot;
+  stage_v = stage_v_slot;
 }
 
 int64_t decode_chunk_len(const AttentionParams& p) {
-  const int64_t groups = p.batch * p.num_heads_kv;
+  const int64_t heads = kv_heads_per_item(p);
+  const int64_t groups = p.batch * ((p.num_heads_kv + heads - 1) / heads);
   int64_t len = kDecodeChunk;
   while (len < kDecodeMaxChunk &&
          groups * ((p.kv_len + 2 * len - 1) / (2 * len)) >= kDecodeMinItems) {
@@ -143,6 +171,8 @@ void merge_chunks(const AttentionParams& p, const detail::ThreadingContext& cont
 void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse) {
   const int64_t L = p.q_len, G = p.group_size(), rows = G * L;
   const int64_t groups = p.batch * p.num_heads_kv;
+  const int64_t heads = kv_heads_per_item(p);
+  const int64_t head_blocks = (p.num_heads_kv + heads - 1) / heads;
   const int64_t chunk_len = decode_chunk_len(p);
   const int64_t chunks = (p.kv_len + chunk_len - 1) / chunk_len;
   const int64_t ev_pad = round_up(std::max<int64_t>(p.head_dim_vo, 1), kDecodeRowPad);
@@ -155,7 +185,7 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
       {std::max<int64_t>(groups * chunks * partials.item_floats(), 1)}, DType::kFloat32);
   partials.base = buffer.data<float>();
   detail::ParallelErrors errors;
-  const int64_t items = groups * chunks;
+  const int64_t items = p.batch * head_blocks * chunks;
   const detail::ThreadingContext context = detail::ThreadingContext::current();
   detail::run_region(context.threads_for(items, forward_work(p)), [&] {
     std::optional<DecodeScratch> scratch;
@@ -169,10 +199,15 @@ void flash_decode(const AttentionParams& p, const Tensor& out, const Tensor& lse
     for (int64_t item = 0; item < items; ++item) {
       if (!scratch) continue;
       errors.guard([&] {
-        const int64_t group = item / chunks, chunk = item % chunks;
-        const DecodeItem work{group / p.num_heads_kv, group % p.num_heads_kv, chunk * chunk_len,
-                              std::min(p.kv_len, (chunk + 1) * chunk_len)};
-        chunk_fn(p, work, *scratch, partials.item(group, chunk));
+        const int64_t block = item / chunks, chunk = item % chunks;
+        const int64_t b = block / head_blocks, hk = block % head_blocks * heads;
+        const DecodeItem work{b, hk, chunk * chunk_len, std::min(p.kv_len, (chunk + 1) * chunk_len),
+                              std::min(heads, p.num_heads_kv - hk)};
+        SoftmaxRows out[kDecodeMaxItemHeads];
+        for (int64_t h = 0; h < work.heads; ++h) {
+          out[h] = partials.item(b * p.num_heads_kv + hk + h, chunk);
+        }
+        chunk_fn(p, work, *scratch, out);
       });
     }
   });

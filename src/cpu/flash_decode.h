@@ -39,6 +39,19 @@ inline constexpr int64_t kDecodeMaxRows = 16;
 /// Whether `params` (a forward call) takes the split-KV decode path.
 bool use_decode_path(const AttentionParams& params);
 
+/// Most bytes of one tile's key and value rows a decode item copies for its block of kv
+/// heads (kv_heads_per_item): the copy stays in L2 while each head reads its rows.
+inline constexpr int64_t kDecodeStageBytes = 256 * 1024;
+/// Most kv heads per decode item (the item keeps each head's softmax state on the stack).
+inline constexpr int64_t kDecodeMaxItemHeads = 16;
+
+/// How many kv heads one decode item runs (>= 1). Where the kv heads' rows of a key lie
+/// side by side (a [.., S, Hkv, E] cache, contiguous or paged: one head's rows are then
+/// strided), an item takes a block of heads and copies each key tile's rows of all of them
+/// in address order before the heads read it: memory streams such whole rows at about 1.5x
+/// the rate of one head's strided slices (issue 25's paged decode). 1 otherwise.
+int64_t kv_heads_per_item(const AttentionParams& params);
+
 /// Element type of key and value rows the decode path reads in place (k and v share it).
 enum class KvRows { kBFloat16, kFloat16, kFloat32, kFloat8E4M3FN };
 
@@ -51,6 +64,8 @@ inline constexpr float kE4M3FNInPlaceFactor = 256.0f;
 /// FlashScratch's).
 struct DecodeScratch {
   DecodeScratch(const AttentionParams& params, bool bf16_dot);
+  /// kv_heads_per_item(params): the q slots and the stage hold this many heads.
+  int64_t heads;
   int64_t head_dim_qk_padded, head_dim_vo_padded;  ///< rounded up to kDecodeRowPad
   /// Scores through vdpbf16ps (uses_bf16_dot) from key rows read in place, when the keys
   /// are bfloat16 or float8_e4m3fn (widened to bf16) rows of unit stride; q then also as
@@ -64,9 +79,13 @@ struct DecodeScratch {
   /// instead of through `tile`, their type being `kv_rows`.
   bool key_rows_in_place, value_rows_in_place;
   KvRows kv_rows;
-  uint16_t* q_bf16;  ///< [rows, E_pad] when bf16_keys
+  uint16_t* q_bf16;  ///< [heads, rows, E_pad] when bf16_keys
   uint16_t* p_bf16;  ///< [rows, kBlockKv] when bf16_values
-  float* q;          ///< [rows, E_pad], pre-scaled
+  float* q;          ///< [heads, rows, E_pad], pre-scaled
+  /// When heads > 1: a key tile's rows of the item's heads, [kBlockKv, heads, E] and
+  /// [kBlockKv, heads, Ev] in the cache's dtype.
+  void* stage_k;
+  void* stage_v;
   float* scores;     ///< [rows, kBlockKv]
   float* tile;       ///< [kBlockKv, max(E_pad, Ev_pad)]: a tile's keys, then its values,
                      ///< converted to float32
@@ -77,21 +96,22 @@ struct DecodeScratch {
   Tensor buffer_;
 };
 
-/// One work item of the split-KV decode: the query rows of kv head `hk` of batch `b` (the
-/// GQA group's heads times q_len, ordered (query head of the group, query position)) over
-/// keys [kv_begin, kv_end).
+/// One work item of the split-KV decode: for each kv head hk + [0, heads) of batch `b`,
+/// its query rows (the GQA group's heads times q_len, ordered (query head of the group,
+/// query position)) over keys [kv_begin, kv_end).
 struct DecodeItem {
   int64_t b;
   int64_t hk;
   int64_t kv_begin;
   int64_t kv_end;
+  int64_t heads = 1;
 };
 
-/// Runs `item` and writes its rows' partial online-softmax state (online_softmax.h) to
-/// `out`: o [rows, Ev_pad] (unnormalized output), m and l [rows] (l = 0 for a row without
-/// a visible key in the chunk). out.alpha is not used.
+/// Runs `item` and writes the partial online-softmax state (online_softmax.h) of head
+/// hk + h's rows to out[h]: o [rows, Ev_pad] (unnormalized output), m and l [rows] (l = 0
+/// for a row without a visible key in the chunk). alpha is not used.
 using DecodeChunkFn = void (*)(const AttentionParams& params, const DecodeItem& item,
-                               DecodeScratch& scratch, const SoftmaxRows& out);
+                               DecodeScratch& scratch, const SoftmaxRows* out);
 
 /// The chunk function compiled for `capability`.
 DecodeChunkFn decode_chunk_for(Capability capability);

@@ -12,6 +12,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "cpu/decode_bf16_avx3-inl.h"
@@ -92,25 +93,81 @@ HWY_INLINE void DecodeTile(const Routes& routes, const AttentionParams& p, const
   routes.values.Accumulate(call, j0, c_begin, c_end);
 }
 
-// DecodeChunk with key and value rows read by `routes`.
+// One kv head's rows of a decode item: its running state (m / l / alpha in whole vectors
+// of rows, as SoftmaxTile reads them; o in the item's partial) and its query slots.
+struct HeadRows {
+  HWY_ALIGN float m[kDecodeMaxRows];
+  HWY_ALIGN float l[kDecodeMaxRows];
+  HWY_ALIGN float alpha[kDecodeMaxRows];
+  float* q;
+  uint16_t* q_bf16;
+};
+
+// Copies the key and value rows `rows` (within [j0, j0 + kBlockKv)) of kv heads item.hk +
+// [0, item.heads) into the stage (row j at row j - j0, all heads of a row side by side, as
+// in the cache), in address order, requesting rows kPrefetchRows ahead (up to `last`) on
+// the way. The stage's other rows of the tile are zeroed: the key routes score whole
+// vectors of keys, also past the visible ones (scores they then mask), which must not read
+// another item's rows or uninitialized memory.
+HWY_INLINE void StageTile(const AttentionParams& p, const DecodeItem& item, DecodeScratch& ws,
+                          int64_t j0, ColumnRange rows, int64_t last) {
+  const struct {
+    RowView cache;
+    char* stage;
+  } sides[] = {{key_rows(p, item.b, item.hk), static_cast<char*>(ws.stage_k)},
+               {value_rows(p, item.b, item.hk), static_cast<char*>(ws.stage_v)}};
+  for (const auto& side : sides) {
+    const int64_t bytes = item.heads * side.cache.cols() * side.cache.element_bytes();
+    const int64_t row_bytes = ws.heads * side.cache.cols() * side.cache.element_bytes();
+    for (int64_t j = j0; j < j0 + kBlockKv; ++j) {
+      char* dst = side.stage + (j - j0) * row_bytes;
+      if (j < rows.begin || j >= rows.end) {
+        std::memset(dst, 0, static_cast<size_t>(bytes));
+        continue;
+      }
+      const char* ahead =
+          static_cast<const char*>(side.cache.row_data(std::min(j + kPrefetchRows, last)));
+      for (int64_t offset = 0; offset < bytes; offset += 64) {
+        __builtin_prefetch(ahead + offset, 0, 2);
+      }
+      std::memcpy(dst, side.cache.row_data(j), static_cast<size_t>(bytes));
+    }
+  }
+}
+
+// DecodeChunk with key and value rows read by `routes`, for each head of the item: one
+// head's rows read in the cache, or (item.heads > 1) each key tile staged for all heads
+// first.
 template <class Routes>
 void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const DecodeItem& item,
-                     DecodeScratch& ws, const SoftmaxRows& out) {
+                     DecodeScratch& ws, const SoftmaxRows* out) {
   const int64_t L = p.q_len, S = p.kv_len, G = p.group_size(), rows = G * L;
-  const int64_t b = item.b, hk = item.hk;
-  const RowView k_rows = key_rows(p, b, hk), v_rows = value_rows(p, b, hk);
   using ValueRoute = decltype(routes.values);
-  // The running state, m / l / alpha in whole vectors of rows (SoftmaxTile reads them so),
-  // o in `out`; m and l are copied out at the end.
-  HWY_ALIGN float m[kDecodeMaxRows], l[kDecodeMaxRows], alpha[kDecodeMaxRows];
-  const SoftmaxRows state{m, l, alpha, out.o, ws.head_dim_vo_padded};
-  ResetRows(state, rows);
-  // first_tile_end is set once the chunk's visible keys are known.
-  DecodeCall call{k_rows, v_rows, ValueRoute::kInPlace ? &v_rows : nullptr, ws, rows, S,
-                  ws.head_dim_qk_padded, ws.head_dim_vo_padded, 0, static_cast<float>(p.scale),
-                  state};
-  const ColumnRange visible = ChunkKeys(routes.keys, call, p, item);
-  if (!visible.empty()) {
+  HeadRows heads[kDecodeMaxItemHeads];
+  // Head h's call over rows `k_rows` / `v_rows`; first_tile_end is set once the chunk's
+  // visible keys are known.
+  const auto call_of = [&](int64_t h, const RowView& k_rows, const RowView& v_rows) {
+    HeadRows& head = heads[h];
+    return DecodeCall{k_rows, v_rows, ValueRoute::kInPlace ? &v_rows : nullptr, ws, head.q,
+                      head.q_bf16, rows, S, ws.head_dim_qk_padded, ws.head_dim_vo_padded, 0,
+                      static_cast<float>(p.scale),
+                      SoftmaxRows{head.m, head.l, head.alpha, out[h].o, ws.head_dim_vo_padded}};
+  };
+  const auto head_item = [&](int64_t h) {
+    return DecodeItem{item.b, item.hk + h, item.kv_begin, item.kv_end};
+  };
+  ColumnRange visible{item.kv_end, item.kv_begin};
+  for (int64_t h = 0; h < item.heads; ++h) {
+    const int64_t q_offset = h * kDecodeMaxRows * ws.head_dim_qk_padded;
+    heads[h].q = ws.q + q_offset;
+    heads[h].q_bf16 = ws.q_bf16 ? ws.q_bf16 + q_offset : nullptr;
+    const RowView k_rows = key_rows(p, item.b, item.hk + h);
+    const RowView v_rows = value_rows(p, item.b, item.hk + h);
+    DecodeCall call = call_of(h, k_rows, v_rows);
+    ResetRows(call.state, rows);
+    // Every head sees the same keys: the mask's rows do not depend on the head.
+    visible = ChunkKeys(routes.keys, call, p, head_item(h));
+    if (item.heads > 1 || visible.empty()) continue;
     // The tile loop requests rows kPrefetchRows ahead of those it reads: request the
     // chunk's first rows here, so that its start does not wait for them one demand miss
     // at a time.
@@ -121,18 +178,42 @@ void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const Decod
     }
     call.first_tile_end = visible.begin / kBlockKv * kBlockKv + kBlockKv;
     for (int64_t j0 = call.first_tile_end - kBlockKv; j0 < visible.end; j0 += kBlockKv) {
-      DecodeTile(routes, p, item, call, {j0, visible});
+      DecodeTile(routes, p, head_item(h), call, {j0, visible});
     }
     routes.values.Finish(call);
   }
-  std::copy(m, m + rows, out.m);
-  std::copy(l, l + rows, out.l);
+  if (item.heads > 1 && !visible.empty()) {
+    const int64_t first_tile = visible.begin / kBlockKv * kBlockKv;
+    // Head h's rows of the stage of the tile at j0.
+    const auto window = [&](const void* stage, const RowView& cache, int64_t h, int64_t j0) {
+      const int64_t cols = cache.cols();
+      return RowView::window(static_cast<const char*>(stage) + h * cols * cache.element_bytes(),
+                             cache.dtype(), j0, ws.heads * cols, cols, cache.dequant_scale());
+    };
+    for (int64_t j0 = first_tile; j0 < visible.end; j0 += kBlockKv) {
+      StageTile(p, item, ws, j0,
+                {std::max(j0, visible.begin), std::min(j0 + kBlockKv, visible.end)},
+                visible.end - 1);
+      for (int64_t h = 0; h < item.heads; ++h) {
+        const RowView k_rows = window(ws.stage_k, key_rows(p, item.b, item.hk + h), h, j0);
+        const RowView v_rows = window(ws.stage_v, value_rows(p, item.b, item.hk + h), h, j0);
+        DecodeCall call = call_of(h, k_rows, v_rows);
+        call.first_tile_end = first_tile + kBlockKv;
+        DecodeTile(routes, p, head_item(h), call, {j0, visible});
+        if (j0 + kBlockKv >= visible.end) routes.values.Finish(call);
+      }
+    }
+  }
+  for (int64_t h = 0; h < item.heads; ++h) {
+    std::copy(heads[h].m, heads[h].m + rows, out[h].m);
+    std::copy(heads[h].l, heads[h].l + rows, out[h].l);
+  }
 }
 
 }  // namespace
 
 void DecodeChunk(const AttentionParams& p, const DecodeItem& item, DecodeScratch& ws,
-                 const SoftmaxRows& out) {
+                 const SoftmaxRows* out) {
   WithDecodeRoutes(ws, p.has_dropout(), [&](const auto& keys, const auto& values) HWY_ATTR {
     const DecodeRoutes<std::decay_t<decltype(keys)>, std::decay_t<decltype(values)>> routes{keys,
                                                                                           values};

@@ -97,6 +97,25 @@ class RowView {
                                                        : -1;
   }
 
+  /// Rows [first, first + n) of a staging buffer of dtype elements: row r at `base` +
+  /// (r - first) * row_stride elements, `cols` of unit stride (the decode path's copy of a
+  /// key tile, flash_decode.h). Readers need not request such rows ahead (is_window()).
+  static RowView window(const void* base, DType dtype, int64_t first, int64_t row_stride,
+                        int64_t cols, float dequant_scale) {
+    RowView view;
+    view.element_bytes_ = static_cast<int64_t>(element_size(dtype));
+    view.base_ = static_cast<char*>(const_cast<void*>(base));
+    view.dtype_ = dtype;
+    view.stride_row_ = row_stride;
+    view.stride_col_ = 1;
+    view.cols_ = cols;
+    view.f16c_ = dtype == DType::kFloat16 && has_f16c();
+    view.dequant_scale_ = dequant_scale;
+    view.first_row_ = first;
+    view.window_ = true;
+    return view;
+  }
+
   RowView(const Tensor& t, int64_t b, int64_t h)
       : element_bytes_(static_cast<int64_t>(element_size(t.dtype()))),
         // An empty tensor (E = 0 included) has no address to offset: loads and stores
@@ -117,6 +136,8 @@ class RowView {
   int64_t col_stride() const { return stride_col_; }
   int64_t row_stride() const { return stride_row_; }
   int64_t element_bytes() const { return element_bytes_; }
+  /// Whether this is a staging buffer's window (RowView::window): rows already in cache.
+  bool is_window() const { return window_; }
   /// Address of row r's first element (stored dtype).
   const void* row_data(int64_t r) const { return row_address(r); }
   /// How many rows from r on lie row_stride() apart from row_data(r): all of them, or the
@@ -164,8 +185,9 @@ class RowView {
   }
 
  private:
+  RowView() = default;
   char* row_address(int64_t r) const {
-    if (pages_ == nullptr) return base_ + r * stride_row_ * element_bytes_;
+    if (pages_ == nullptr) return base_ + (r - first_row_) * stride_row_ * element_bytes_;
     const int64_t page = page_shift_ >= 0 ? r >> page_shift_ : r / page_size_;
     const int64_t within = r - page * page_size_;
     return base_ + (pages_[page] * page_stride_ + within * stride_row_) * element_bytes_;
@@ -184,19 +206,22 @@ class RowView {
     for (int64_t c = 0; c < cols_; ++c) row[c * stride_col_] = narrow<S>(src[c]);
   }
 
-  int64_t element_bytes_;  // cached: row_data() runs once per key row in the decode path
-  char* base_;
-  DType dtype_;
-  int64_t stride_row_;
-  int64_t stride_col_;
-  int64_t cols_;
-  bool f16c_;  // float16 with unit column stride on an F16C CPU
+  int64_t element_bytes_ = 0;  // cached: row_data() runs once per key row in the decode path
+  char* base_ = nullptr;
+  DType dtype_ = DType::kFloat32;
+  int64_t stride_row_ = 0;
+  int64_t stride_col_ = 1;
+  int64_t cols_ = 0;
+  bool f16c_ = false;  // float16 with unit column stride on an F16C CPU
   float dequant_scale_ = 1.0f;
   // Paged views (PagedRows): the table, null otherwise.
   const int32_t* pages_ = nullptr;
   int64_t page_size_ = 1;
   int64_t page_stride_ = 0;
   int page_shift_ = -1;  // log2(page_size_) when a power of two
+  // A window's first row (RowView::window); 0 otherwise.
+  int64_t first_row_ = 0;
+  bool window_ = false;
 };
 
 }  // namespace sdpa::cpu

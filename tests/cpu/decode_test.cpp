@@ -130,6 +130,62 @@ TEST(Decode, SeveralQueryRowsCausalAndMasks) {
   }
 }
 
+// Items of several kv heads (kv_heads_per_item > 1: K/V of [B, S, Hkv, E] storage) copy
+// each key tile of their heads before the heads read it. Checked against the float64
+// reference on every SIMD path: a head count that leaves a shorter last block (5 kv heads
+// in blocks of 3 and 2 at float32 and head dims 200 / 136), GQA with several query rows,
+// causal and masks with a fully masked row, key tiles cut by chunk ends; and the blocking
+// rule.
+TEST(Decode, HeadBlocksStageKeyTilesAndMatchReference) {
+  const auto heads_per_item = [](int64_t Hkv, int64_t E, DType dtype, Layout layout) {
+    std::mt19937 rng(1);
+    const Tensor q = random_tensor({1, Hkv, 1, E}, dtype, Layout::kBHSD, rng);
+    const Tensor k = random_tensor({1, Hkv, 70, E}, dtype, layout, rng);
+    return cpu::kv_heads_per_item(make_params(q, k, k, SDPAOptions{}));
+  };
+  // 256 KiB of a 64-key tile's K and V rows per item, in equal blocks.
+  EXPECT_EQ(heads_per_item(8, 128, DType::kBFloat16, Layout::kBSHD), 8);
+  EXPECT_EQ(heads_per_item(8, 128, DType::kFloat32, Layout::kBSHD), 4);
+  EXPECT_EQ(heads_per_item(12, 256, DType::kFloat32, Layout::kBSHD), 2);
+  EXPECT_EQ(heads_per_item(20, 64, DType::kBFloat16, Layout::kBSHD), 10);
+  EXPECT_EQ(heads_per_item(3, 512, DType::kFloat32, Layout::kBSHD), 1);
+  EXPECT_EQ(heads_per_item(1, 64, DType::kFloat32, Layout::kBSHD), 1);
+  EXPECT_EQ(heads_per_item(8, 128, DType::kBFloat16, Layout::kBHSD), 1);
+
+  const ScopedCapability reset;
+  for (const std::string& capability : supported_capabilities()) {
+    bcpu::set_cpu_capability(capability);
+    SCOPED_TRACE(capability);
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      Case c;
+      c.batch = 2;
+      c.heads_q = 15;
+      c.heads_kv = 5;
+      c.enable_gqa = true;
+      c.q_len = 2;
+      c.kv_len = 1100;
+      c.head_dim = 200;
+      c.head_dim_v = 136;
+      c.causal = true;
+      c.kv_layout = Layout::kBSHD;
+      c.dtype = dtype;
+      c.seed = 11 + static_cast<uint32_t>(dtype);
+      expect_flash_ran(c, check_case(c));
+
+      Case masked = c;
+      masked.heads_q = 8;
+      masked.heads_kv = 8;
+      masked.head_dim = masked.head_dim_v = 40;
+      masked.kv_len = 577;
+      masked.causal = false;
+      masked.mask = dtype == DType::kFloat32 ? MaskKind::kFloat : MaskKind::kBool;
+      masked.mask_shape = {1, 8, 2, masked.kv_len};
+      masked.masked_rows = {1};
+      expect_flash_ran(masked, check_case(masked));
+    }
+  }
+}
+
 TEST(Decode, NativeBiasesMatchTheirMaterialization) {
   const int64_t B = 2, Hq = 8, Hkv = 4, L = 2, S = 1300, E = 64;
   std::mt19937 rng(5);

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "common/capability.h"
 #include "serving_util.h"
 #include "sdpa/kv_cache.h"
 
@@ -138,6 +139,7 @@ struct Case {
   int64_t rotary_half = 0;
   DType dtype = DType::kFloat32;
   bool strided_cache = false;  // caches as permuted views of [B, Hkv, S_max, E] storage
+  bool poison_past_lengths = false;  // NaN in every cache row past a sequence's keys
 };
 
 // Runs the case and checks out, lse and the caches against the float64 reference.
@@ -153,6 +155,12 @@ void check(Case c, double tolerance) {
     v_cache = randn({B, c.S_max, c.Hkv, c.Ev}, 3, c.dtype);
   }
   std::vector<int64_t> cached(c.cached.begin(), c.cached.end()), n = cached;
+  for (int64_t b = 0; b < B && c.poison_past_lengths; ++b) {
+    for (Tensor* cache : {&k_cache, &v_cache}) {
+      Tensor rows = cache->select(0, b).slice(0, cached[static_cast<size_t>(b)] + c.new_len, c.S_max);
+      rows.copy_(Tensor::full(rows.sizes(), std::numeric_limits<double>::quiet_NaN(), c.dtype));
+    }
+  }
   std::vector<double> k_want = doubles(k_cache.contiguous()), v_want = doubles(v_cache.contiguous());
   if (c.new_len > 0) {
     c.options.k_new = randn({B, c.new_len, c.Hkv, c.E}, 4, c.dtype);
@@ -286,6 +294,33 @@ TEST(KvCache, BFloat16Cache) {
   c.new_len = 1;
   c.dtype = DType::kBFloat16;
   check(c, 2e-2);
+}
+
+// Rows past a sequence's keys hold NaN (never-written cache memory may hold anything): no
+// kernel may let them into the output, also where it reads whole vectors or pairs of keys
+// past the last visible one, or copies key tiles of several kv heads (8 kv heads of
+// [B, S, Hkv, E] rows). Every capability, lengths ending inside and at the end of key
+// tiles, a window that starts a chunk's keys inside a tile.
+TEST(KvCache, RowsPastTheLengthsNeverReachTheOutput) {
+  for (const std::string& capability : test::supported_capabilities()) {
+    test::ScopedCapability scoped(capability);
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(capability + " " + std::string(dtype_name(dtype)));
+      Case c;
+      c.cached = {1, 63, 64, 129, 300};
+      c.Hq = 16;
+      c.Hkv = 8;
+      c.E = 40;
+      c.Ev = 17;
+      c.new_len = 1;
+      c.options.causal = true;
+      c.dtype = dtype;
+      c.poison_past_lengths = true;
+      check(c, dtype == DType::kBFloat16 ? 2e-2 : 2e-5);
+      c.options.window_left = 70;
+      check(c, dtype == DType::kBFloat16 ? 2e-2 : 2e-5);
+    }
+  }
 }
 
 // Every refused call leaves both caches bit for bit as they were.

@@ -127,8 +127,14 @@ TEST(PagedKvCache, HalfTypesOnEveryCapability) {
       c.q_len = 2;
       c.options.window_left = 40;
       c.options.causal = true;
-      // bf16 routes differ by page size (vdpbf16ps for pages of whole 16-key groups).
-      for (int64_t page_size : {8, 16, 64}) check(c, page_size, dtype == DType::kBFloat16 ? 2e-2 : 2e-3);
+      // One kv head reads its rows through the pages (bf16 by vdpbf16ps only on pages of
+      // whole 16-key groups); two copy each key tile of both first (any page size).
+      for (int64_t Hkv : {1, 2}) {
+        c.Hkv = Hkv;
+        for (int64_t page_size : {1, 8, 16, 64}) {
+          check(c, page_size, dtype == DType::kBFloat16 ? 2e-2 : 2e-3);
+        }
+      }
     }
   }
 }
