@@ -25,12 +25,9 @@ namespace sdpa::cpu {
 namespace HWY_NAMESPACE {
 
 #if HWY_TARGET == HWY_AVX3
-// What a float8 cache's rows are multiplied by (the table widens codes to their values);
-// 1 for bf16 rows.
-template <class T>
-HWY_INLINE float RowDequant(const RowView& rows) {
-  return std::is_same_v<T, uint8_t> ? rows.dequant_scale() : 1.0f;
-}
+// What the rows are multiplied by: a float8 cache's scale (the table widens codes to their
+// values; a staged float8 tile holds them widened to bf16 already), 1 for a bf16 cache.
+HWY_INLINE float RowDequant(const RowView& rows) { return rows.dequant_scale(); }
 
 /// Key route: key rows of unit stride by vdpbf16ps, T = uint16_t for bf16 rows or uint8_t
 /// for a float8 cache's; q as bf16 bits, unscaled (the scale, and a float8 cache's key
@@ -62,7 +59,7 @@ struct Bf16Keys {
       Bf16ScoreKeys<T>({call.q_bf16, call.e_pad, call.rows},
                        {static_cast<const T*>(k_rows.row_data(j0 + c)), k_rows.row_stride(),
                         k_rows.cols(), S - j0 - c},
-                       16, call.scale * RowDequant<T>(k_rows), {call.ws.scores + c, kBlockKv});
+                       16, call.scale * RowDequant(k_rows), {call.ws.scores + c, kBlockKv});
     }
   }
 };
@@ -121,8 +118,8 @@ struct Bf16Values {
     for (int64_t r = 0; r < call.rows; ++r) {
       ValueOrderToElements(call.state.o + r * call.ev_pad, call.ev_pad);
     }
-    if (std::is_same_v<T, uint8_t>) {
-      ScaleRow(call.state.o, call.rows * call.ev_pad, RowDequant<T>(call.v_rows));
+    if (const float scale = RowDequant(call.v_rows); scale != 1.0f) {
+      ScaleRow(call.state.o, call.rows * call.ev_pad, scale);
     }
   }
 };
@@ -131,7 +128,7 @@ struct Bf16Values {
 template <class F>
 HWY_INLINE void WithDecodeRoutes(const DecodeScratch& ws, bool has_dropout, const F& f) {
   if (!ws.bf16_keys) return WithFloat32Routes(ws, f);
-  if (ws.kv_rows == KvRows::kFloat8E4M3FN) {
+  if (ws.kv_rows == KvRows::kFloat8E4M3FN && !ws.stage_widens) {
     if (ws.bf16_values) return f(Bf16Keys<uint8_t>(), Bf16Values<uint8_t>{!has_dropout});
     return f(Bf16Keys<uint8_t>(), ValuesInTile());
   }

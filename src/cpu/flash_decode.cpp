@@ -43,9 +43,11 @@ int64_t kv_heads_per_item(const AttentionParams& p) {
     return rows.size(3) > 0 && rows.stride(3) == 1 && rows.stride(1) == rows.size(3);
   };
   if (p.num_heads_kv < 2 || !side_by_side(p.k) || !side_by_side(p.v)) return 1;
+  const auto stage_bytes = [](const Tensor& rows) {
+    return std::max<int64_t>(static_cast<int64_t>(element_size(rows.dtype())), 2);
+  };
   const int64_t per_head =
-      kBlockKv * (p.head_dim_qk * static_cast<int64_t>(element_size(p.k.dtype())) +
-                  p.head_dim_vo * static_cast<int64_t>(element_size(p.v.dtype())));
+      kBlockKv * (p.head_dim_qk * stage_bytes(p.k) + p.head_dim_vo * stage_bytes(p.v));
   const int64_t most = std::min(kDecodeStageBytes / per_head, kDecodeMaxItemHeads);
   if (most < 2) return 1;
   const int64_t blocks = (p.num_heads_kv + most - 1) / most;
@@ -66,9 +68,11 @@ DecodeScratch::DecodeScratch(const AttentionParams& params, bool bf16_dot)
       !params.kv_pages || params.kv_pages->page_size % 16 == 0 || heads > 1;
   bf16_keys = bf16_dot && key_rows_in_place && tile_runs;
   bf16_values = bf16_keys && value_rows_in_place;
+  stage_widens = heads > 1 && bf16_values && kv_rows == KvRows::kFloat8E4M3FN;
   // The bf16 slots hold two elements per float; the stage's rows are whole cache lines.
   const auto stage_floats = [&](const Tensor& rows, int64_t cols) {
-    const int64_t bytes = kBlockKv * heads * cols * static_cast<int64_t>(element_size(rows.dtype()));
+    const int64_t bytes =
+        kBlockKv * heads * cols * static_cast<int64_t>(element_size(stage_dtype(rows.dtype())));
     return heads > 1 ? round_up(bytes, 64) / 4 : 0;
   };
   const int64_t sizes[] = {heads * kDecodeMaxRows * head_dim_qk_padded,

@@ -40,7 +40,8 @@ inline constexpr int64_t kDecodeMaxRows = 16;
 bool use_decode_path(const AttentionParams& params);
 
 /// Most bytes of one tile's key and value rows a decode item copies for its block of kv
-/// heads (kv_heads_per_item): the copy stays in L2 while each head reads its rows.
+/// heads (kv_heads_per_item; float8 rows counted at 2 bytes, as a stage may widen them):
+/// the copy stays in L2 while each head reads its rows.
 inline constexpr int64_t kDecodeStageBytes = 256 * 1024;
 /// Most kv heads per decode item (the item keeps each head's softmax state on the stack).
 inline constexpr int64_t kDecodeMaxItemHeads = 16;
@@ -83,9 +84,15 @@ struct DecodeScratch {
   uint16_t* p_bf16;  ///< [rows, kBlockKv] when bf16_values
   float* q;          ///< [heads, rows, E_pad], pre-scaled
   /// When heads > 1: a key tile's rows of the item's heads, [kBlockKv, heads, E] and
-  /// [kBlockKv, heads, Ev] in the cache's dtype.
+  /// [kBlockKv, heads, Ev] in the cache's dtype, or widened to bf16 (stage_widens).
   void* stage_k;
   void* stage_v;
+  /// The stage holds a float8 cache's codes widened to bf16 (exact), for the vdpbf16ps
+  /// routes: the widening then runs in the copy, which waits on memory anyway, not in the
+  /// kernels. Set for float8 caches where bf16_keys and bf16_values hold and heads > 1.
+  bool stage_widens;
+  /// The stage's dtype (the cache's, or bfloat16 when stage_widens).
+  DType stage_dtype(DType cache) const { return stage_widens ? DType::kBFloat16 : cache; }
   float* scores;     ///< [rows, kBlockKv]
   float* tile;       ///< [kBlockKv, max(E_pad, Ev_pad)]: a tile's keys, then its values,
                      ///< converted to float32

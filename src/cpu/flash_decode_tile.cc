@@ -17,6 +17,7 @@
 
 #include "cpu/decode_bf16_avx3-inl.h"
 #include "cpu/decode_routes-inl.h"
+#include "cpu/e4m3_bf16.h"
 #include "cpu/flash_decode.h"
 #include "cpu/kv_rows.h"
 #include "cpu/kernel_context.h"
@@ -103,6 +104,18 @@ struct HeadRows {
   uint16_t* q_bf16;
 };
 
+#if HWY_TARGET == HWY_AVX3
+// dst[0, n) = the bf16 bits of float8_e4m3fn codes src[0, n) (exact).
+HWY_INLINE void WidenE4M3Row(const uint8_t* src, int64_t n, uint16_t* dst) {
+  const E4M3Bf16Table table = LoadE4M3Bf16Table();
+  for (int64_t i = 0; i < n; i += 32) {
+    const int64_t count = std::min<int64_t>(32, n - i);
+    const __mmask32 mask = static_cast<__mmask32>((uint64_t{1} << count) - 1);
+    _mm512_mask_storeu_epi16(dst + i, mask, E4M3ToBf16(table, src + i, mask));
+  }
+}
+#endif
+
 // Copies the key and value rows `rows` (within [j0, j0 + kBlockKv)) of kv heads item.hk +
 // [0, item.heads) into the stage (row j at row j - j0, all heads of a row side by side, as
 // in the cache), in address order, requesting rows kPrefetchRows ahead (up to `last`) on
@@ -117,12 +130,15 @@ HWY_INLINE void StageTile(const AttentionParams& p, const DecodeItem& item, Deco
   } sides[] = {{key_rows(p, item.b, item.hk), static_cast<char*>(ws.stage_k)},
                {value_rows(p, item.b, item.hk), static_cast<char*>(ws.stage_v)}};
   for (const auto& side : sides) {
-    const int64_t bytes = item.heads * side.cache.cols() * side.cache.element_bytes();
-    const int64_t row_bytes = ws.heads * side.cache.cols() * side.cache.element_bytes();
+    const int64_t elements = item.heads * side.cache.cols();
+    const int64_t bytes = elements * side.cache.element_bytes();
+    const int64_t stage_element_bytes =
+        static_cast<int64_t>(element_size(ws.stage_dtype(side.cache.dtype())));
+    const int64_t row_bytes = ws.heads * side.cache.cols() * stage_element_bytes;
     for (int64_t j = j0; j < j0 + kBlockKv; ++j) {
       char* dst = side.stage + (j - j0) * row_bytes;
       if (j < rows.begin || j >= rows.end) {
-        std::memset(dst, 0, static_cast<size_t>(bytes));
+        std::memset(dst, 0, static_cast<size_t>(elements * stage_element_bytes));
         continue;
       }
       const char* ahead =
@@ -130,6 +146,13 @@ HWY_INLINE void StageTile(const AttentionParams& p, const DecodeItem& item, Deco
       for (int64_t offset = 0; offset < bytes; offset += 64) {
         __builtin_prefetch(ahead + offset, 0, 2);
       }
+#if HWY_TARGET == HWY_AVX3
+      if (ws.stage_widens) {
+        WidenE4M3Row(static_cast<const uint8_t*>(side.cache.row_data(j)), elements,
+                     reinterpret_cast<uint16_t*>(dst));
+        continue;
+      }
+#endif
       std::memcpy(dst, side.cache.row_data(j), static_cast<size_t>(bytes));
     }
   }
@@ -167,7 +190,7 @@ void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const Decod
     ResetRows(call.state, rows);
     // Every head sees the same keys: the mask's rows do not depend on the head.
     visible = ChunkKeys(routes.keys, call, p, head_item(h));
-    if (item.heads > 1 || visible.empty()) continue;
+    if (ws.heads > 1 || visible.empty()) continue;
     // The tile loop requests rows kPrefetchRows ahead of those it reads: request the
     // chunk's first rows here, so that its start does not wait for them one demand miss
     // at a time.
@@ -182,13 +205,14 @@ void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const Decod
     }
     routes.values.Finish(call);
   }
-  if (item.heads > 1 && !visible.empty()) {
+  if (ws.heads > 1 && !visible.empty()) {
     const int64_t first_tile = visible.begin / kBlockKv * kBlockKv;
     // Head h's rows of the stage of the tile at j0.
     const auto window = [&](const void* stage, const RowView& cache, int64_t h, int64_t j0) {
       const int64_t cols = cache.cols();
-      return RowView::window(static_cast<const char*>(stage) + h * cols * cache.element_bytes(),
-                             cache.dtype(), j0, ws.heads * cols, cols, cache.dequant_scale());
+      const DType dtype = ws.stage_dtype(cache.dtype());
+      return RowView::window(static_cast<const char*>(stage) + h * cols * element_size(dtype),
+                             dtype, j0, ws.heads * cols, cols, cache.dequant_scale());
     };
     for (int64_t j0 = first_tile; j0 < visible.end; j0 += kBlockKv) {
       StageTile(p, item, ws, j0,
