@@ -255,22 +255,54 @@ Tensor Tensor::to(DType dtype) const {
   return t;
 }
 
+namespace {
+
+// Copies `n` elements of `bytes` bytes each, `src_stride` / `dst_stride` elements apart.
+void copy_run(const char* src, int64_t src_stride, char* dst, int64_t dst_stride, int64_t n,
+              size_t bytes) {
+  if (src_stride == 1 && dst_stride == 1) {
+    std::memmove(dst, src, static_cast<size_t>(n) * bytes);
+    return;
+  }
+  const int64_t step_src = src_stride * static_cast<int64_t>(bytes);
+  const int64_t step_dst = dst_stride * static_cast<int64_t>(bytes);
+  for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * step_dst, src + i * step_src, bytes);
+}
+
+}  // namespace
+
 void Tensor::copy_(const Tensor& src) {
   SDPA_CHECK(device_.type == DeviceType::kCPU && src.device_.type == DeviceType::kCPU,
              "copy_: only CPU tensors can be copied");
   const Tensor from = src.expand(sizes_);
   const int64_t n = numel();
+  if (n == 0) return;
+  // Runs along the last dimension: one offset computation per run, and a plain copy of
+  // the run's bytes when the dtypes agree (converting copies go element by element).
   const int64_t ndim = dim();
-  Shape index(ndim, 0);
-  for (int64_t linear = 0; linear < n; ++linear) {
+  const int64_t run = ndim == 0 ? 1 : sizes_[ndim - 1];
+  const int64_t src_step = ndim == 0 ? 0 : from.strides_[ndim - 1];
+  const int64_t dst_step = ndim == 0 ? 0 : strides_[ndim - 1];
+  const size_t bytes = element_size(dtype_);
+  const char* src_data = static_cast<const char*>(from.data_ptr());
+  char* dst_data = static_cast<char*>(data_ptr());
+  Shape index(static_cast<size_t>(std::max<int64_t>(ndim - 1, 0)), 0);
+  for (int64_t done = 0; done < n; done += run) {
     int64_t src_off = 0, dst_off = 0;
-    for (int64_t d = 0; d < ndim; ++d) {
+    for (int64_t d = 0; d + 1 < ndim; ++d) {
       src_off += index[d] * from.strides_[d];
       dst_off += index[d] * strides_[d];
     }
-    detail::store_element(data_ptr(), dtype_, dst_off,
-                          detail::load_element(from.data_ptr(), from.dtype_, src_off));
-    for (int64_t d = ndim - 1; d >= 0; --d) {
+    if (from.dtype_ == dtype_) {
+      copy_run(src_data + src_off * static_cast<int64_t>(bytes), src_step,
+               dst_data + dst_off * static_cast<int64_t>(bytes), dst_step, run, bytes);
+    } else {
+      for (int64_t i = 0; i < run; ++i) {
+        detail::store_element(dst_data, dtype_, dst_off + i * dst_step,
+                              detail::load_element(src_data, from.dtype_, src_off + i * src_step));
+      }
+    }
+    for (int64_t d = ndim - 2; d >= 0; --d) {
       if (++index[d] < sizes_[d]) break;
       index[d] = 0;
     }

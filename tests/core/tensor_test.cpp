@@ -278,6 +278,44 @@ TEST(TensorCopies, CopyBroadcastsAndConverts) {
   EXPECT_THROW(d2.copy_(iota({2, 2, 2, 2})), Error);
 }
 
+// Every element of `got` equals the one of `want` at the same index (read with item()).
+void expect_same_elements(const Tensor& got, const Tensor& want) {
+  ASSERT_EQ(got.sizes(), want.sizes());
+  std::vector<int64_t> index(static_cast<size_t>(want.dim()), 0);
+  for (int64_t linear = 0; linear < want.numel(); ++linear) {
+    int64_t rest = linear;
+    for (int64_t d = want.dim() - 1; d >= 0; --d) {
+      index[static_cast<size_t>(d)] = rest % want.size(d);
+      rest /= want.size(d);
+    }
+    ASSERT_EQ(got.item(index), want.item(index)) << "element " << linear;
+  }
+}
+
+// Copies between tensors of one dtype move whole runs of the last dimension: views whose
+// last dimension is strided, transposed, stepped or broadcast (stride 0), into strided
+// destinations, 0-d and empty tensors, 2-, 4- and 8-byte elements.
+TEST(TensorCopies, SameDtypeCopiesOfStridedViews) {
+  for (DType dtype : {DType::kFloat64, DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor src = iota({3, 4, 5}, dtype);
+    const Tensor views[] = {src.permute({2, 0, 1}), src.slice(2, 1, 5, 2), src.transpose(0, 2),
+                            src.select(1, 2).unsqueeze(-1).expand({3, 5, 4}), src};
+    for (const Tensor& view : views) {
+      expect_same_elements(view.contiguous(), view);
+      Tensor strided = Tensor::zeros({view.size(2), view.size(1), view.size(0)}, dtype)
+                           .permute({2, 1, 0});
+      strided.copy_(view);
+      expect_same_elements(strided, view);
+    }
+    Tensor scalar = Tensor::zeros({}, dtype);
+    scalar.copy_(src.select(0, 2).select(0, 3).select(0, 4));
+    EXPECT_EQ(scalar.item({}), 59.0);
+    Tensor empty = Tensor::empty({0, 5}, dtype);
+    empty.copy_(Tensor::empty({0, 5}, dtype));
+  }
+}
+
 TEST(TensorCopies, CopyOfOverlappingSelfIsSafe) {
   Tensor t = iota({4});
   t.copy_(t);
