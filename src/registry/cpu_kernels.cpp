@@ -10,7 +10,9 @@
 #include <limits>
 #include <vector>
 
+#include "core/threading.h"
 #include "cpu/online_softmax.h"
+#include "cpu/rows.h"
 #include "dispatch/backend_impl.h"
 #include "dispatch/backend_state.h"
 #include "registry/registry_impl.h"
@@ -50,39 +52,64 @@ void attention_backward_out(OpCall& call) {
   detail::backward_into(cpu_impl(call), p, outputs);
 }
 
-// Merges two partial attention results row by row in float64 (see registry.h): each side
-// is the partial state {m = lse, l = 1, o = out} of its keys (cpu/online_softmax.h).
+// Merges two partial attention results row by row in float64, rows in parallel (see
+// registry.h): each side is the partial state {m = lse, l = 1, o = out} of its keys
+// (cpu/online_softmax.h).
 std::tuple<Tensor, Tensor> cpu_merge_attention_states(const Tensor& out_a, const Tensor& lse_a,
                                                       const Tensor& out_b, const Tensor& lse_b) {
-  const Tensor o64[] = {out_a.to(DType::kFloat64), out_b.to(DType::kFloat64)};
-  const Tensor lse64[] = {lse_a.to(DType::kFloat64), lse_b.to(DType::kFloat64)};
+  // Inputs in their own dtypes (a copy only where one is strided), read element by element
+  // into double; every row is computed in double and rounded once to the output dtype.
+  const Tensor outs[] = {out_a.contiguous(), out_b.contiguous()};
+  const Tensor lses[] = {lse_a.contiguous(), lse_b.contiguous()};
   Tensor out = Tensor::empty(out_a.sizes(), out_a.dtype());
   Tensor lse = Tensor::empty(lse_a.sizes(), DType::kFloat32);
-  Tensor out64 = Tensor::empty(out_a.sizes(), DType::kFloat64);
   const int64_t rows = lse_a.numel();
   const int64_t width = out_a.size(-1);
-  for (int64_t row = 0; row < rows; ++row) {
-    cpu::LsePartial<double> sides[2];
-    cpu::PartialMerge<double> merge;
-    for (int s = 0; s < 2; ++s) {
-      sides[s] = cpu::partial_from_lse(lse64[s].data<double>()[row]);
-      merge.see(sides[s].m, sides[s].l);
-    }
-    double* dst = out64.data<double>() + row * width;
-    std::fill(dst, dst + width, 0.0);
-    double l = 0.0;
-    for (int s = 0; s < 2 && !merge.empty(); ++s) {
-      if (!cpu::contributes(sides[s].l)) continue;
-      const double w = merge.weight(sides[s].m);
-      l += w * sides[s].l;
-      const double* src = o64[s].data<double>() + row * width;
-      for (int64_t e = 0; e < width; ++e) dst[e] += w * src[e];
-    }
-    const cpu::RowFinish<double> end = cpu::finalize(merge.max(), l);
-    for (int64_t e = 0; e < width; ++e) dst[e] = end.masked ? 0.0 : dst[e] * end.inv_l;
-    lse.data<float>()[row] = static_cast<float>(end.lse);
+  const auto merge_rows = [&](auto element) {
+    using T = decltype(element);
+    const T* src[] = {outs[0].data<T>(), outs[1].data<T>()};
+    const float* lse_in[] = {lses[0].data<float>(), lses[1].data<float>()};
+    T* dst = out.data<T>();
+    float* lse_out = lse.data<float>();
+    // Memory-bound: each element of the three [rows, width] tensors moves once.
+    const double bytes = 3.0 * static_cast<double>(rows * width) * sizeof(T);
+    const int threads = detail::ThreadingContext::current().threads_for(rows, {0, bytes});
+    detail::run_region(threads, [&] {
+      std::vector<double> row(static_cast<size_t>(width));
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        cpu::LsePartial<double> sides[2];
+        cpu::PartialMerge<double> merge;
+        for (int s = 0; s < 2; ++s) {
+          sides[s] = cpu::partial_from_lse(static_cast<double>(lse_in[s][r]));
+          merge.see(sides[s].m, sides[s].l);
+        }
+        std::fill(row.begin(), row.end(), 0.0);
+        double l = 0.0;
+        for (int s = 0; s < 2 && !merge.empty(); ++s) {
+          if (!cpu::contributes(sides[s].l)) continue;
+          const double w = merge.weight(sides[s].m);
+          l += w * sides[s].l;
+          const T* x = src[s] + r * width;
+          for (int64_t e = 0; e < width; ++e) {
+            row[static_cast<size_t>(e)] += w * static_cast<double>(cpu::widen(x[e]));
+          }
+        }
+        const cpu::RowFinish<double> end = cpu::finalize(merge.max(), l);
+        T* y = dst + r * width;
+        for (int64_t e = 0; e < width; ++e) {
+          y[e] = cpu::narrow<T>(end.masked ? 0.0 : row[static_cast<size_t>(e)] * end.inv_l);
+        }
+        lse_out[r] = static_cast<float>(end.lse);
+      }
+    });
+  };
+  switch (out_a.dtype()) {
+    case DType::kFloat64: merge_rows(double{}); break;
+    case DType::kBFloat16: merge_rows(bfloat16{}); break;
+    case DType::kFloat16: merge_rows(float16{}); break;
+    default: merge_rows(float{}); break;
   }
-  out.copy_(out64);
   return {out, lse};
 }
 
