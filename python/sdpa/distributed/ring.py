@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -141,13 +141,21 @@ class _Ring:
         return [(w, ops) for w in works], buffers
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: int,
-               out: torch.Tensor, lse: torch.Tensor) -> None:
-        """Merges q's attention to the K/V slice of `owner` into out (float32) / lse."""
+               out: torch.Tensor, lse: torch.Tensor, filled: List[Tuple[int, int]]) -> None:
+        """Merges q's attention to the K/V slice of `owner` into out (float32) / lse.
+        `filled`: the query row ranges that hold a result already; a piece over rows that
+        hold none is stored as it is (what merging it with out = 0, lse = -inf gives, bit
+        for bit: fully masked rows are 0 with lse -inf there too)."""
         for q0, q1, k0, k1, mask, gq0, gk0 in pieces(self.q_segs, self.kv_segs[owner],
                                                       self.mask):
             part = scaled_dot_product_attention_with_lse(
                 q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :], attn_mask=mask,
                 scale=self.scale, enable_gqa=self.enable_gqa, **self.dropout(gq0, gk0))
+            if all(q1 <= a or b <= q0 for a, b in filled):
+                out[..., q0:q1, :] = part.out
+                lse[..., q0:q1] = part.lse
+                filled.append((q0, q1))
+                continue
             merged_out, merged_lse = merge_attention_states(
                 out[..., q0:q1, :], lse[..., q0:q1], part.out.float(), part.lse)
             out[..., q0:q1, :] = merged_out
@@ -173,11 +181,12 @@ class _Ring:
     def ring_forward(self, q, k, v):
         out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float32, device=q.device)
         lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
+        filled: List[Tuple[int, int]] = []
         for step in range(self.world):
             works, received = [], None
             if step + 1 < self.world:  # the next slice travels while this one is used
                 works, received = self.exchange((k, v), self.kv_lengths[self.owner(step + 1)])
-            self.attend(q, k, v, self.owner(step), out, lse)
+            self.attend(q, k, v, self.owner(step), out, lse, filled)
             self.wait(works, f"ring step {step} of the forward (the K/V slice of rank "
                              f"{self.owner(step + 1)})")
             if received is not None:
