@@ -158,9 +158,9 @@ HWY_INLINE void StageTile(const AttentionParams& p, const DecodeItem& item, Deco
   }
 }
 
-// DecodeChunk with key and value rows read by `routes`, for each head of the item: one
-// head's rows read in the cache, or (item.heads > 1) each key tile staged for all heads
-// first.
+// DecodeChunk with key and value rows read by `routes`, for each head of the item: each
+// head's rows read in the cache, or (a call of items of several heads: ws.heads > 1) each
+// key tile staged for all the item's heads first.
 template <class Routes>
 void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const DecodeItem& item,
                      DecodeScratch& ws, const SoftmaxRows* out) {
