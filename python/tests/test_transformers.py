@@ -148,12 +148,21 @@ def test_continuous_batching_matches_stock_sdpa(family, monkeypatch):
         model = transformers.MistralForCausalLM(config).eval()
     want = continuous_batching(model)
 
-    paged, varlen = [], []
+    paged, varlen, gathers = [], [], []
     paged_cache, packed_batch = sdpa_hf._paged_cache, sdpa_hf._packed_batch
     monkeypatch.setattr(sdpa_hf, "_paged_cache",
                         lambda kwargs: paged.append(1) or paged_cache(kwargs))
     monkeypatch.setattr(sdpa_hf, "_packed_batch",
-                        lambda *args: varlen.append(1) or packed_batch(*args))
+                        lambda *args: varlen.append(args[-1] is not None) or packed_batch(*args))
+    # transformers' update writes the new keys and gathers every request's cache (index_select).
+    from transformers.generation.continuous_batching.cache_allocators import (
+        full_attention, sliding_attention)
+
+    for allocator in (full_attention.FullAttentionCacheAllocator,
+                      sliding_attention.SlidingAttentionCacheAllocator):
+        update = allocator.update
+        monkeypatch.setattr(allocator, "update",
+                            lambda *args, _update=update: gathers.append(1) or _update(*args))
     # Continuous batching takes only transformers' own names: sdpa serves "sdpa".
     sdpa_hf.register("sdpa")
     try:
@@ -161,9 +170,14 @@ def test_continuous_batching_matches_stock_sdpa(family, monkeypatch):
     finally:
         transformers.AttentionInterface.register("sdpa", sdpa_attention_forward)
     assert paged, "no attention call went through sdpa"
-    # Full-attention layers run as one varlen call per step; a sliding window keeps
-    # transformers' mask (its cache holds only the window).
+    # Full-attention layers run as one varlen call per step, reading the pages in place
+    # once a request has cached keys; a sliding window keeps transformers' gather and
+    # mask (its cache holds only the window).
     assert len(varlen) == (len(paged) if family == "llama" else 0)
+    if family == "llama":
+        assert any(varlen) and not gathers
+    else:
+        assert len(gathers) == len(paged)
     for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got, want):
         assert tokens == want_tokens
         torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want_logprobs),

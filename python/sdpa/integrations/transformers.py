@@ -18,9 +18,10 @@ under another name: ``register("cpp_attention")``, then
 Continuous batching (``model.generate_batch``, ``init_continuous_batching``) accepts only
 the implementations named "sdpa", "paged|eager" or containing "flash" (transformers
 5.23), so ``register("sdpa")`` serves transformers' own "sdpa" name with this module: the
-paged cache is updated as transformers' SDPA does, and each packed batch runs as one
-``sdpa.attention_varlen`` call (causal bottom-right per request) instead of a dense
-[total_q, total_k] mask over every request's keys.
+new keys are written into the paged cache as transformers' SDPA writes them, and each
+packed batch runs as one ``sdpa.attention_varlen`` call over the pages in place (causal
+bottom-right per request) instead of a gathered copy of every request's keys and a dense
+[total_q, total_k] mask.
 """
 
 from __future__ import annotations
@@ -65,9 +66,15 @@ def attention_forward(
 
     cache = _paged_cache(kwargs)
     if cache is not None:
+        runs_varlen = _packed_batch_runs_varlen(module, dropout, kwargs)
+        paged = _store_in_pages(cache, module, query, key, value, kwargs) if runs_varlen else None
+        if paged is not None:
+            pooled_key, pooled_value, block_table = paged
+            return _packed_batch(module, query, pooled_key, pooled_value, scaling, kwargs,
+                                 block_table), None
         key, value = cache.update(key_states=key, value_states=value,
                                   layer_idx=module.layer_idx, kwargs=kwargs)
-        if _packed_batch_runs_varlen(module, dropout, kwargs):
+        if runs_varlen:
             return _packed_batch(module, query, key, value, scaling, kwargs), None
     if kwargs.get("output_attentions", False):
         raise ValueError("sdpa_cpp: output_attentions=True needs the attention weights, which "
@@ -130,13 +137,55 @@ def _packed_batch_runs_varlen(module: Any, dropout: float, kwargs: dict) -> bool
             and kwargs.get("cu_seq_lens_k") is not None)
 
 
+def _store_in_pages(cache: Any, module: Any, query: Any, key: Any, value: Any,
+                    kwargs: dict) -> Optional[tuple]:
+    """Writes a step's new keys / values into the layer's pages (transformers' own write:
+    index_copy_ at kwargs["write_index"]) and returns how to read them in place:
+    (k_pages, v_pages, block_table) with the pools [num_pages, page_size, Hkv, E] and
+    block_table int32 [B, max_pages], or (key, value, None) when no request has cached
+    keys (the new keys are all there is). Instead of transformers' index_select, which
+    copies every request's whole cache each layer and step, the pages are read where they
+    lie. Selects kwargs' per-layer-type cu_seq_lens_k / max_length_k as cache.update does.
+    Returns None (the caller uses cache.update) where the layer's allocator has no page
+    view, the cache's dtype is not the query's, or autograd needs the gathered keys."""
+    import torch
+
+    allocator = cache.layer_to_allocator[module.layer_idx]
+    if not getattr(allocator, "supports_block_table", False):
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        return None
+    k_pages, v_pages = allocator.get_cache_for_block_table(module.layer_idx)
+    if k_pages.dtype != key.dtype or v_pages.dtype != value.dtype:
+        return None
+    kwargs["cu_seq_lens_k"] = kwargs["cu_seq_lens_k"][allocator.layer_type].to(torch.int32)
+    kwargs["max_length_k"] = kwargs["max_length_k"][allocator.layer_type]
+    write_index = kwargs["write_index"][allocator.index]
+    for pages, new in ((k_pages, key), (v_pages, value)):
+        pages.view(-1, *pages.shape[2:]).index_copy_(0, write_index, new[0].transpose(0, 1))
+    read_index = kwargs["read_index"][allocator.index]
+    if read_index.numel() == 0:
+        return key, value, None
+    # Request r's keys are read_index[cu_k[r]:cu_k[r + 1]], whole pages in order, each
+    # starting at a page boundary: its first token's index names the page.
+    page_size = k_pages.shape[1]
+    cu_k = kwargs["cu_seq_lens_k"]
+    pages_per_request = (cu_k[1:] - cu_k[:-1] + page_size - 1) // page_size
+    page = torch.arange(max(int(pages_per_request.max()), 1), device=cu_k.device)
+    first_token = (cu_k[:-1, None].long() + page * page_size).clamp(max=read_index.numel() - 1)
+    block_table = torch.where(page < pages_per_request[:, None],
+                              read_index[first_token] // page_size, 0)
+    return k_pages, v_pages, block_table.to(torch.int32)
+
+
 def _packed_batch(module: Any, query: Any, key: Any, value: Any, scaling: Optional[float],
-                  kwargs: dict) -> Any:
+                  kwargs: dict, block_table: Any = None) -> Any:
     """One continuous-batching step as sdpa.attention_varlen: query [1, Hq, Q, E] packs
     every request's new tokens (cu_seq_lens_q), key / value [1, Hkv, K, E] each request's
-    cached + new keys (cu_seq_lens_k); request r's queries are the last of its keys, so
-    causal is bottom-right per request. Rows past cu_seq_lens_q[-1] (padding) give 0.
-    Returns out [1, Q, Hq, Ev]."""
+    cached + new keys (cu_seq_lens_k), or with ``block_table`` [B, max_pages] the page
+    pools [num_pages, page_size, Hkv, E] holding them, read in place; request r's queries
+    are the last of its keys, so causal is bottom-right per request. Rows past
+    cu_seq_lens_q[-1] (padding) give 0. Returns out [1, Q, Hq, Ev]."""
     import torch
 
     from ..serving import attention_varlen
@@ -146,12 +195,14 @@ def _packed_batch(module: Any, query: Any, key: Any, value: Any, scaling: Option
     total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
     max_q = kwargs.get("max_length_q") or int((cu_q[1:] - cu_q[:-1]).max())
     max_k = kwargs.get("max_length_k") or int((cu_k[1:] - cu_k[:-1]).max())
+    if block_table is None:
+        key, value = (x[0, :, :total_k].transpose(0, 1) for x in (key, value))
     softcap = kwargs.get("softcap")
     out = attention_varlen(
-        query[0, :, :total_q].transpose(0, 1), key[0, :, :total_k].transpose(0, 1),
-        value[0, :, :total_k].transpose(0, 1), cu_q, cu_k, int(max_q), int(max_k),
+        query[0, :, :total_q].transpose(0, 1), key, value, cu_q, cu_k, int(max_q), int(max_k),
         causal=bool(getattr(module, "is_causal", True)),
-        softcap=float(softcap) if softcap is not None else 0.0, scale=scaling)
+        softcap=float(softcap) if softcap is not None else 0.0, scale=scaling,
+        block_table=block_table)
     if total_q < query.shape[2]:
         out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, query.shape[2] - total_q))
     return out.unsqueeze(0)
