@@ -56,6 +56,7 @@ struct Bf16Keys {
         Prefetch(k_rows, ahead);
         if (call.values_ahead && ahead < call.first_tile_end) Prefetch(*call.values_ahead, ahead);
       }
+      RequestNextTile(call, c, c + 16);
       Bf16ScoreKeys<T>({call.q_bf16, call.e_pad, call.rows},
                        {static_cast<const T*>(k_rows.row_data(j0 + c)), k_rows.row_stride(),
                         k_rows.cols(), S - j0 - c},

@@ -46,6 +46,11 @@ struct DecodeCall {
   float scale;
   /// The chunk's online-softmax state; o holds the output rows [rows, ev_pad].
   SoftmaxRows state;
+  /// A staged call's next tile (null otherwise) and the byte offset and length of this
+  /// head's slice of its key and value rows, which the key route requests as it scores
+  /// (RequestNextTile).
+  const StagedTileAhead* next_tile = nullptr;
+  int64_t next_k_offset = 0, next_k_bytes = 0, next_v_offset = 0, next_v_bytes = 0;
 };
 
 // dst[0, padded) = row r of `rows` as float32 (times `multiplier`), zero beyond cols():
@@ -67,6 +72,25 @@ HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
   const char* row = static_cast<const char*>(rows.row_data(r));
   const int64_t bytes = rows.cols() * rows.col_stride() * rows.element_bytes();
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 0, 2);
+}
+
+// Requests this head's slices of a staged call's next-tile rows [c_begin, c_end) (none for
+// other calls) as the key route scores its keys [c_begin, c_end): spread over the route's
+// groups, as a tile's requests at once overflow the miss queues.
+HWY_INLINE void RequestNextTile(const DecodeCall& call, int64_t c_begin, int64_t c_end) {
+  const StagedTileAhead* next = call.next_tile;
+  if (next == nullptr) return;
+  for (int64_t c = c_begin; c < std::min(c_end, kBlockKv); ++c) {
+    if (next->k_rows[c] == nullptr) return;
+    const char* k = next->k_rows[c] + call.next_k_offset;
+    const char* v = next->v_rows[c] + call.next_v_offset;
+    for (int64_t offset = 0; offset < call.next_k_bytes; offset += 64) {
+      __builtin_prefetch(k + offset, 0, 2);
+    }
+    for (int64_t offset = 0; offset < call.next_v_bytes; offset += 64) {
+      __builtin_prefetch(v + offset, 0, 2);
+    }
+  }
 }
 
 // The rows of the tile after the one at j0, for the P.v passes to request. Past the chunk's
@@ -132,6 +156,7 @@ struct KeysInTile {
         continue;
       }
       Prefetch(call.k_rows, std::min(j0 + c + kPrefetchRows, call.S - 1));
+      RequestNextTile(call, c, c + 1);
       LoadRow(call.k_rows, j0 + c, call.e_pad, key);
     }
     ScoreKeys(call, g_begin, g_end);
@@ -204,6 +229,7 @@ HWY_INLINE void ScoreKeyGroupInPlace(const DecodeCall& call, int64_t j0, int64_t
     if (values && ahead < first_tile_end) Prefetch(*values, ahead);
     keys[k] = static_cast<const T*>(k_rows.row_data(key));
   }
+  RequestNextTile(call, c, c + lanes);
   if (full < E) GatherTails(keys, lanes, full, E, tails);
   ScoreKeysInPlace<kRows>({call.q, call.e_pad, call.rows},
                           {keys, lanes, E, full, full < E ? tails : nullptr},
