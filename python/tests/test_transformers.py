@@ -153,7 +153,8 @@ def test_continuous_batching_matches_stock_sdpa(family, monkeypatch):
     monkeypatch.setattr(sdpa_hf, "_paged_cache",
                         lambda kwargs: paged.append(1) or paged_cache(kwargs))
     monkeypatch.setattr(sdpa_hf, "_packed_batch",
-                        lambda *args: varlen.append(args[-1] is not None) or packed_batch(*args))
+                        lambda *args: varlen.append(len(args) > 6 and args[6] is not None)
+                        or packed_batch(*args))
     # transformers' update writes the new keys and gathers every request's cache (index_select).
     from transformers.generation.continuous_batching.cache_allocators import (
         full_attention, sliding_attention)

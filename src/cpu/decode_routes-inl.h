@@ -46,11 +46,11 @@ struct DecodeCall {
   float scale;
   /// The chunk's online-softmax state; o holds the output rows [rows, ev_pad].
   SoftmaxRows state;
-  /// A staged call's next tile (null otherwise) and the byte offset and length of this
-  /// head's slice of its key and value rows, which the key route requests as it scores
-  /// (RequestNextTile).
+  /// A staged call's next tile (null otherwise), this head's index in the item and the
+  /// bytes of one head's key and value row: the head's slices, which the key route
+  /// requests as it scores (RequestNextTile).
   const StagedTileAhead* next_tile = nullptr;
-  int64_t next_k_offset = 0, next_k_bytes = 0, next_v_offset = 0, next_v_bytes = 0;
+  int64_t next_head = 0, next_k_bytes = 0, next_v_bytes = 0;
 };
 
 // dst[0, padded) = row r of `rows` as float32 (times `multiplier`), zero beyond cols():
@@ -82,8 +82,8 @@ HWY_INLINE void RequestNextTile(const DecodeCall& call, int64_t c_begin, int64_t
   if (next == nullptr) return;
   for (int64_t c = c_begin; c < std::min(c_end, kBlockKv); ++c) {
     if (next->k_rows[c] == nullptr) return;
-    const char* k = next->k_rows[c] + call.next_k_offset;
-    const char* v = next->v_rows[c] + call.next_v_offset;
+    const char* k = next->k_rows[c] + call.next_head * call.next_k_bytes;
+    const char* v = next->v_rows[c] + call.next_head * call.next_v_bytes;
     for (int64_t offset = 0; offset < call.next_k_bytes; offset += 64) {
       __builtin_prefetch(k + offset, 0, 2);
     }

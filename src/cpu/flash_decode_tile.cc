@@ -242,8 +242,7 @@ void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const Decod
           call.next_tile = &ws.ahead;
           call.next_k_bytes = k_cache.cols() * k_cache.element_bytes();
           call.next_v_bytes = v_cache.cols() * v_cache.element_bytes();
-          call.next_k_offset = h * call.next_k_bytes;
-          call.next_v_offset = h * call.next_v_bytes;
+          call.next_head = h;
         }
         DecodeTile(routes, p, head_item(h), call, {j0, visible});
         if (j0 + kBlockKv >= visible.end) routes.values.Finish(call);
