@@ -42,6 +42,8 @@ struct Avx512Kernels {
                                               const SoftmaxRows& state, float* HWY_RESTRICT p) {
     QkSoftmaxTileF32(q, k, state, p, mod);
   }
+  /// QkSoftmaxF32 of a tile whose rows keep intervals of its keys (QkBandSoftmaxTileF32).
+  static constexpr auto& QkBandSoftmaxF32 = QkBandSoftmaxTileF32;
   static constexpr auto& SoftmaxLazyF32 = SoftmaxTileLazyF32;
   static constexpr auto& FoldLaneSums = FoldSumLanes;
 };

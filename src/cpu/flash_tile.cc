@@ -143,6 +143,19 @@ HWY_INLINE bool FlexTileInRegisters(const AttentionParams& p, FlashScratch& ws,
   return true;
 }
 
+// Whether a float32 tile that needs masking is masked by its rows' key intervals alone,
+// so that the fused kernel can mask it in registers (BandRows): no dense mask, no ALiBi,
+// no score_mod, and BlockMask rows (if any) whose kept keys are exactly their hull.
+HWY_INLINE bool BandTileInRegisters(const AttentionParams& p, const FlashScratch& ws,
+                                    const TileKeySet& set, int64_t rows) {
+  if (p.mask.dense_kind != DenseMaskKind::kNone || !p.mask.alibi_slopes.empty() ||
+      ws.flex.score_mod) {
+    return false;
+  }
+  if (!ws.flex.blocks.active()) return true;
+  return std::all_of(set.blocks_applied, set.blocks_applied + rows, [](bool b) { return b; });
+}
+
 // The partial sums of the last key tiles (kTilesPerPartialSum) go into the total.
 // `with_o`: the float32 path, whose P.v goes to partial.o (bf16's goes to total.o).
 HWY_INLINE void FlushPartial(FlashScratch& ws, int64_t rows, bool with_o) {
@@ -221,15 +234,23 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
         trimmed = trimmed || begin[r] > 0 || end[r] < cols;
       }
     }
+    // A float32 tile masked by row intervals only is masked in registers, computing just
+    // the key vectors those intervals reach (QkBandSoftmaxTileF32).
+    const bool band_fused = Target::kFusedTiles && needs_mask && !bf16 &&
+                            BandTileInRegisters(p, ws, set, rows);
     // Nothing changes the scores: q.k^T and the softmax in registers (bf16 needs a
     // positive scale, which its softmax multiplies in; float32 q carries it).
-    const bool fused = !needs_mask && !alibi && (!bf16 || (p_in_bf16 && call.scale > 0.0f));
+    const bool fused = (!needs_mask || band_fused) && !alibi &&
+                       (!bf16 || (p_in_bf16 && call.scale > 0.0f));
     if constexpr (Target::kFusedTiles) {
       if (fused) {
         if (bf16) {
           const int64_t e2 = ws.head_dim_qk_pairs2;
           Target::QkSoftmaxBf16({ws.q_bf16, e2, rows}, {t.k_pairs, e2 / 2}, call.scale, ws.partial,
                                 ws.p_bf16);
+        } else if (band_fused) {
+          Target::QkBandSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk}, begin,
+                                   end, ws.partial, ws.scores);
         } else if (flex_fused && ws.flex.score_mod) {
           Target::QkScoreModSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk},
                                        {&*ws.flex.score_mod, q.b, q.h, q.q_begin, j0},

@@ -17,7 +17,9 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "cpu/fast_exp-inl.h"
@@ -52,6 +54,28 @@ struct FlexScoreModRows {
   HWY_INLINE void operator()(int64_t r, hn::Vec512<float> (&x)[kVecs]) const {
     flex::HWY_NAMESPACE::ScoreModRegisterRow<kVecs>(*buf, {b, h, q_begin + r, 1, j0}, rows,
                                                     hn::Full512<float>(), x);
+  }
+};
+
+/// A band's keys on register rows: lanes of row r outside its kept keys [lo[r], hi[r])
+/// (offsets in the key tile, 0 <= lo <= hi <= kBlockKv) become -inf, as MaskScoreRow sets
+/// them in memory. The registers hold the tile's keys from `first_lane` (a multiple of 16).
+struct BandRows {
+  const int64_t* lo;
+  const int64_t* hi;
+  int64_t first_lane = 0;
+
+  template <int kVecs>
+  HWY_INLINE void operator()(int64_t r, hn::Vec512<float> (&x)[kVecs]) const {
+    static_assert(kBlockKv <= 64, "a row's lanes are one 64-bit word");
+    const uint64_t below_hi = hi[r] >= 64 ? ~uint64_t{0} : (uint64_t{1} << hi[r]) - 1;
+    const uint64_t keep =
+        (below_hi & (lo[r] >= 64 ? uint64_t{0} : ~uint64_t{0} << lo[r])) >> first_lane;
+    const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int v = 0; v < kVecs; ++v) {
+      const __mmask16 lanes = static_cast<__mmask16>(keep >> (16 * v));
+      x[v] = hn::Vec512<float>{_mm512_mask_blend_ps(lanes, neg_inf, x[v].raw)};
+    }
   }
 };
 
@@ -96,24 +120,27 @@ HWY_INLINE void SoftmaxRegisterRowsF32(__m512 (&acc)[kRows][kVecs], const Softma
 
 // Rows [0, kRows) of a query block (its rows row0..): scores = q . k^T, changed by mod,
 // then the lazy-max online softmax of `state`'s rows; P rows (kBlockKv floats) go to p.
-template <int kRows, class ScoreMod>
+// Only keys [16 v0, 16 (v0 + kVecs)) are computed (and their P lanes written): the rows
+// keep no other key of the tile.
+template <int kRows, int kVecs = static_cast<int>(kBlockKv / 16), class ScoreMod>
 HWY_INLINE void QkSoftmaxRowsF32(const QueryRows<float>& q, const KeyTile<float>& k,
                                  const SoftmaxRows& state, float* HWY_RESTRICT p,
-                                 const ScoreMod& mod, int64_t row0) {
-  constexpr int kVecs = static_cast<int>(kBlockKv / 16);
+                                 const ScoreMod& mod, int64_t row0, int64_t v0 = 0) {
   __m512 acc[kRows][kVecs];
   for (int r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
   }
   for (int64_t e = 0; e < k.depth; ++e) {
     __m512 kv[kVecs];
-    for (int v = 0; v < kVecs; ++v) kv[v] = _mm512_loadu_ps(k.k + e * kBlockKv + 16 * v);
+    for (int v = 0; v < kVecs; ++v) {
+      kv[v] = _mm512_loadu_ps(k.k + e * kBlockKv + 16 * (v0 + v));
+    }
     for (int r = 0; r < kRows; ++r) {
       const __m512 qv = _mm512_set1_ps(q.q[r * q.ld + e]);
       for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_fmadd_ps(qv, kv[v], acc[r][v]);
     }
   }
-  SoftmaxRegisterRowsF32<kRows>(acc, state, p, mod, row0);
+  SoftmaxRegisterRowsF32<kRows>(acc, state, p + 16 * v0, mod, row0);
 }
 
 /// Fused q.k^T and online softmax of a key tile no mask or bias touches, for query rows
@@ -130,6 +157,44 @@ HWY_INLINE void QkSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<float>
   ForRegisterTiles<6>(q.rows, [&](int64_t r, auto tile_rows) {
     QkSoftmaxRowsF32<decltype(tile_rows)::value>(q.from(r), k, state.from(r), p + r * kBlockKv,
                                                  mod, r);
+  });
+}
+
+/// QkSoftmaxTileF32 for a tile whose rows keep the intervals of keys [lo[r], hi[r])
+/// (offsets in the tile): each register tile computes only the 16-key vectors its rows'
+/// intervals reach, and masks the rest of them in registers (BandRows). P is written for
+/// those vectors only: the caller reads each row's P within its interval.
+HWY_INLINE void QkBandSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<float>& k,
+                                     const int64_t* lo, const int64_t* hi,
+                                     const SoftmaxRows& state, float* HWY_RESTRICT p) {
+  ForRegisterTiles<6>(q.rows, [&](int64_t r, auto tile_rows) {
+    constexpr int kRows = decltype(tile_rows)::value;
+    int64_t first = kBlockKv, last = 0;
+    for (int i = 0; i < kRows; ++i) {
+      if (hi[r + i] <= lo[r + i]) continue;
+      first = std::min(first, lo[r + i]);
+      last = std::max(last, hi[r + i]);
+    }
+    // Rows that keep no key here still take one masked vector: the softmax sets their
+    // rescale factors.
+    const int64_t v0 = first < last ? first / 16 : 0;
+    const int64_t vecs = first < last ? (last + 15) / 16 - v0 : 1;
+    const BandRows band{lo, hi, 16 * v0};
+    const auto rows = [&](auto kVecs) {
+      QkSoftmaxRowsF32<kRows, decltype(kVecs)::value>(q.from(r), k, state.from(r),
+                                                      p + r * kBlockKv, band, r, v0);
+    };
+    static_assert(kBlockKv == 64, "one to four vectors of keys");
+    switch (vecs) {
+      case 1:
+        return rows(std::integral_constant<int, 1>());
+      case 2:
+        return rows(std::integral_constant<int, 2>());
+      case 3:
+        return rows(std::integral_constant<int, 3>());
+      default:
+        return rows(std::integral_constant<int, 4>());
+    }
   });
 }
 
