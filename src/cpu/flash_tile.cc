@@ -249,6 +249,8 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
           Target::QkSoftmaxBf16({ws.q_bf16, e2, rows}, {t.k_pairs, e2 / 2}, call.scale, ws.partial,
                                 ws.p_bf16);
         } else if (band_fused) {
+          static_assert(!Target::kFusedTiles || kGemmRows == 6,
+                        "P.v's panels read the band kernel's P lanes");
           Target::QkBandSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk}, begin,
                                    end, ws.partial, ws.scores);
         } else if (flex_fused && ws.flex.score_mod) {

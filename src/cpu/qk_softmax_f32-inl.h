@@ -163,7 +163,9 @@ HWY_INLINE void QkSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<float>
 /// QkSoftmaxTileF32 for a tile whose rows keep the intervals of keys [lo[r], hi[r])
 /// (offsets in the tile): each register tile computes only the 16-key vectors its rows'
 /// intervals reach, and masks the rest of them in registers (BandRows). P is written for
-/// those vectors only: the caller reads each row's P within its interval.
+/// those vectors only, which cover the union of the intervals of each six rows from row 0:
+/// the caller's P.v (GemmAccumulateRowSupport, panels of kGemmRows = 6 rows) reads no
+/// other lane.
 HWY_INLINE void QkBandSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<float>& k,
                                      const int64_t* lo, const int64_t* hi,
                                      const SoftmaxRows& state, float* HWY_RESTRICT p) {
