@@ -17,13 +17,13 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 
 #include "cpu/fast_exp-inl.h"
 #include "cpu/flash_tile.h"
+#include "cpu/gemm-inl.h"
 #include "cpu/lazy_softmax-inl.h"
 #include "cpu/online_softmax-inl.h"
 #include "flex/eval_row-inl.h"
@@ -171,12 +171,8 @@ HWY_INLINE void QkBandSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<fl
                                      const SoftmaxRows& state, float* HWY_RESTRICT p) {
   ForRegisterTiles<6>(q.rows, [&](int64_t r, auto tile_rows) {
     constexpr int kRows = decltype(tile_rows)::value;
-    int64_t first = kBlockKv, last = 0;
-    for (int i = 0; i < kRows; ++i) {
-      if (hi[r + i] <= lo[r + i]) continue;
-      first = std::min(first, lo[r + i]);
-      last = std::max(last, hi[r + i]);
-    }
+    int64_t first, last;
+    PanelSupport({lo, hi}, r, kRows, first, last);
     // Rows that keep no key here still take one masked vector: the softmax sets their
     // rescale factors.
     const int64_t v0 = first < last ? first / 16 : 0;
