@@ -2,7 +2,9 @@
 // vdpbf16ps kernels of the split-KV decode path (flash_decode_tile.cc): few query rows
 // against bf16 key and value rows read in place, with no packing (each row is read once);
 // float8_e4m3fn rows (a quantized KV cache) are widened to bf16 as they are loaded
-// (e4m3_bf16.h). Like bf16_dot.h, intrinsics behind the runtime check bf16_dot_available().
+// (e4m3_bf16.h). Like bf16_dot.h, intrinsics behind runtime checks: bf16_dot_available()
+// and, for the byte permutes of that widening, vbmi_available() (every kernel here is
+// compiled for AVX512_VBMI, as the widening inlines into them).
 
 #include <immintrin.h>
 
@@ -40,8 +42,8 @@ using Bf16KvRows = KvRowsOf<uint16_t>;
 
 /// 32 elements at p of a row of T as bf16 bits (those outside `mask` read as 0).
 template <class T>
-__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline __m512i LoadBf16Words(
-    const E4M3Bf16Table& table, const T* p, __mmask32 mask) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"), always_inline)) inline __m512i
+LoadBf16Words(const E4M3Bf16Table& table, const T* p, __mmask32 mask) {
   if constexpr (std::is_same_v<T, uint8_t>) {
     return E4M3ToBf16(table, p, mask);
   } else {
@@ -104,7 +106,8 @@ struct Bf16KeyGroup {
 // time: each key vector loaded serves all 4 rows' accumulators, a quarter of the key loads
 // of one row at a time (decode 10% faster hot).
 template <class T>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline void
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi"),
+               always_inline)) inline void
 Bf16ScoreFourRows(const Bf16Rows& q, const Bf16KeyGroup& keys, float scale,
                   const Float32Rows& scores, const E4M3Bf16Table& table) {
   const uint16_t* q_data = q.data;
@@ -139,9 +142,9 @@ Bf16ScoreFourRows(const Bf16Rows& q, const Bf16KeyGroup& keys, float scale,
 /// `keys` (bf16 bits or float8_e4m3fn codes); keys c >= keys.count are not read (score 0),
 /// nor is anything past a key row's head_dim (masked loads).
 template <class T>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void Bf16ScoreKeys(
-    const Bf16Rows& q, const KvRowsOf<T>& keys, int64_t n, float scale,
-    const Float32Rows& scores) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi"))) inline void
+Bf16ScoreKeys(const Bf16Rows& q, const KvRowsOf<T>& keys, int64_t n, float scale,
+              const Float32Rows& scores) {
   // Unused (and dropped by the compiler) for bf16 rows.
   const E4M3Bf16Table table = LoadE4M3Bf16Table();
   const uint16_t* q_data = q.data;
@@ -203,7 +206,8 @@ inline constexpr int64_t kValueBlock = 32;
 // (an odd last key: its P padding column weighs 0). vpunpck{l,h}wd interleave the two
 // rows within each 128-bit lane, so each 32-bit lane holds one element of both rows.
 template <class T, int kRows, int kBlocks, bool kTail, bool kPair>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline)) inline void
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi"),
+               always_inline)) inline void
 AccumulateKeyPair(__m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p, const KvRowsOf<T>& values,
                   int64_t c, __mmask32 tail, const E4M3Bf16Table& table) {
   const T* row0 = values.data + c * values.stride;
@@ -214,8 +218,8 @@ AccumulateKeyPair(__m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p, const KvRo
     const bool masked = kTail && blk == kBlocks - 1;
     const __mmask32 load = masked ? tail : ~__mmask32{0};
     const __m512i x = LoadBf16Words(table, row0 + 32 * blk, load);
-    const __m512i y = kPair ? LoadBf16Words(table, row0 + value_stride + 32 * blk, load)
-                            : _mm512_setzero_si512();
+    const __m512i y =
+        kPair ? LoadBf16Words(table, row0 + value_stride + 32 * blk, load) : _mm512_setzero_si512();
     pairs[2 * blk] = (__m512bh)_mm512_unpacklo_epi16(x, y);
     pairs[2 * blk + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
   }
@@ -234,7 +238,7 @@ AccumulateKeyPair(__m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p, const KvRo
 // of them. `values` start at the pass's first element; their head_dim is the whole rows',
 // which the requests for the rows `ahead` (spaced like them) read.
 template <class T, int kRows, int kBlocks, bool kTail>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Bf16ValueTile(
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi"))) void Bf16ValueTile(
     const Bf16Rows& p, const KvRowsOf<T>& values, __mmask32 tail, const RescaledAccumulators& acc,
     const RowsAhead& ahead) {
   // Unused (and dropped by the compiler) for bf16 rows.
@@ -290,11 +294,11 @@ inline constexpr int kValueRowsPerPass = 2;
 /// `ahead` (spaced like the value rows) are requested into L2 along the way: memory streams
 /// them while this computes. Value rows of T as in KvRowsOf.
 template <class T>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void Bf16AccumulateValues(
+__attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi"))) inline void Bf16AccumulateValues(
     const Bf16Rows& p, const KvRowsOf<T>& values, const RescaledAccumulators& acc,
     const RowsAhead& ahead) {
-  using Tile = void (*)(const Bf16Rows&, const KvRowsOf<T>&, __mmask32,
-                        const RescaledAccumulators&, const RowsAhead&);
+  using Tile = void (*)(const Bf16Rows&, const KvRowsOf<T>&, __mmask32, const RescaledAccumulators&,
+                        const RowsAhead&);
   // [query rows - 1][blocks - 1][last block masked]
   static constexpr Tile kTiles[kValueRowsPerPass][kValueBlocksPerPass][2] = {
       {{Bf16ValueTile<T, 1, 1, false>, Bf16ValueTile<T, 1, 1, true>},

@@ -27,6 +27,11 @@ namespace sdpa::cpu {
 /// use it to run the float32 path on such CPUs).
 bool bf16_dot_available();
 
+/// Whether this CPU has AVX512_VBMI, which the decode kernels' float8 widening needs
+/// (bf16_decode.h). Every CPU with AVX512_BF16 but Cooper Lake has it; there the decode
+/// takes its float32 routes.
+bool vbmi_available();
+
 /// Round-to-nearest-even float32 -> bfloat16 bits of n values (n a multiple of 32).
 __attribute__((target("avx512f,avx512bf16"))) inline void ConvertRowToBf16(const float* src,
                                                                            uint16_t* dst,

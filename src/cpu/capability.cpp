@@ -64,6 +64,11 @@ bool bf16_dot_available() {
   return available;
 }
 
+bool vbmi_available() {
+  static const bool available = __builtin_cpu_supports("avx512vbmi");
+  return available;
+}
+
 Capability active_capability() {
   if (t_override) return *t_override;
   static const Capability from_env = from_environment();

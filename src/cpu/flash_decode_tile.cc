@@ -104,18 +104,6 @@ struct HeadRows {
   uint16_t* q_bf16;
 };
 
-#if HWY_TARGET == HWY_AVX3
-// dst[0, n) = the bf16 bits of float8_e4m3fn codes src[0, n) (exact).
-HWY_INLINE void WidenE4M3Row(const uint8_t* src, int64_t n, uint16_t* dst) {
-  const E4M3Bf16Table table = LoadE4M3Bf16Table();
-  for (int64_t i = 0; i < n; i += 32) {
-    const int64_t count = std::min<int64_t>(32, n - i);
-    const __mmask32 mask = static_cast<__mmask32>((uint64_t{1} << count) - 1);
-    _mm512_mask_storeu_epi16(dst + i, mask, E4M3ToBf16(table, src + i, mask));
-  }
-}
-#endif
-
 // Rows ahead of the one it copies that StageTile requests: 16 rather than the in-place
 // routes' kPrefetchRows (32), which made the float8 copy 5-10% slower and no other faster
 // (sdpa_paged_decode, timed alternately in one process).

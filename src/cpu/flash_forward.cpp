@@ -26,9 +26,11 @@ bool uses_bf16_dot(const AttentionParams& p) {
 }
 
 bool decode_uses_bf16_dot(const AttentionParams& p) {
-  return uses_bf16_dot(p) ||
-         (p.q.dtype() == DType::kBFloat16 && p.k.dtype() == DType::kFloat8E4M3FN &&
-          active_capability() == Capability::kAVX512 && bf16_dot_available());
+  // The decode kernels widen float8 codes with AVX512_VBMI's byte permutes (e4m3_bf16.h).
+  return vbmi_available() &&
+         (uses_bf16_dot(p) ||
+          (p.q.dtype() == DType::kBFloat16 && p.k.dtype() == DType::kFloat8E4M3FN &&
+           active_capability() == Capability::kAVX512 && bf16_dot_available()));
 }
 
 FlashScratch::FlashScratch(const AttentionParams& params, bool bf16_dot)

@@ -32,7 +32,8 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 /// Whether the flash forward of `params` takes the vdpbf16ps path.
 bool uses_bf16_dot(const AttentionParams& params);
 /// Whether the split-KV decode of `params` may: uses_bf16_dot, or a bfloat16 call on a
-/// float8_e4m3fn cache, whose codes its kernels widen to bf16 as they load them.
+/// float8_e4m3fn cache, whose codes its kernels widen to bf16 as they load them; both on
+/// CPUs with AVX512_VBMI only (vbmi_available).
 bool decode_uses_bf16_dot(const AttentionParams& params);
 
 /// One thread's float32 working set, 64-byte aligned:
