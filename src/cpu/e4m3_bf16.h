@@ -29,28 +29,36 @@ struct E4M3Bf16Table {
   __m512i low0, low1, high0, high1, words0, words1;
 };
 
-inline const std::array<uint8_t, 384> kE4M3Bf16Bytes = [] {
-  std::array<uint8_t, 384> bytes{};
+/// The tables' bytes: the low and the high bytes of the bfloat16 bits of the magnitudes,
+/// and the permutes' indices (word k of codes 0 ... 31: the low (index k) and the high
+/// (index 64 + k) byte of code k; of codes 32 ... 63 likewise from index 32 and 96).
+struct E4M3Bf16TableBytes {
+  std::array<uint8_t, 128> low, high;
+  std::array<uint8_t, 64> words0, words1;
+};
+
+inline const E4M3Bf16TableBytes kE4M3Bf16TableBytes = [] {
+  E4M3Bf16TableBytes t{};
   for (size_t code = 0; code < 128; ++code) {
     // exact: 4 significant bits, or NaN
     const uint32_t bf16 = std::bit_cast<uint32_t>(kE4M3FNValues[code]) >> 16;
-    bytes[code] = static_cast<uint8_t>(bf16 & 0xFF);
-    bytes[128 + code] = static_cast<uint8_t>(bf16 >> 8);
+    t.low[code] = static_cast<uint8_t>(bf16 & 0xFF);
+    t.high[code] = static_cast<uint8_t>(bf16 >> 8);
   }
-  // Word k of the first 32 codes: the low (index k) and high (index 64 + k) byte of code k.
   for (size_t k = 0; k < 32; ++k) {
-    bytes[256 + 2 * k] = static_cast<uint8_t>(k);
-    bytes[256 + 2 * k + 1] = static_cast<uint8_t>(64 + k);
-    bytes[320 + 2 * k] = static_cast<uint8_t>(32 + k);
-    bytes[320 + 2 * k + 1] = static_cast<uint8_t>(96 + k);
+    t.words0[2 * k] = static_cast<uint8_t>(k);
+    t.words0[2 * k + 1] = static_cast<uint8_t>(64 + k);
+    t.words1[2 * k] = static_cast<uint8_t>(32 + k);
+    t.words1[2 * k + 1] = static_cast<uint8_t>(96 + k);
   }
-  return bytes;
+  return t;
 }();
 
 __attribute__((target("avx512f"))) inline E4M3Bf16Table LoadE4M3Bf16Table() {
-  const uint8_t* b = kE4M3Bf16Bytes.data();
-  return {_mm512_loadu_si512(b),       _mm512_loadu_si512(b + 64),  _mm512_loadu_si512(b + 128),
-          _mm512_loadu_si512(b + 192), _mm512_loadu_si512(b + 256), _mm512_loadu_si512(b + 320)};
+  const E4M3Bf16TableBytes& t = kE4M3Bf16TableBytes;
+  return {_mm512_loadu_si512(t.low.data()),    _mm512_loadu_si512(t.low.data() + 64),
+          _mm512_loadu_si512(t.high.data()),   _mm512_loadu_si512(t.high.data() + 64),
+          _mm512_loadu_si512(t.words0.data()), _mm512_loadu_si512(t.words1.data())};
 }
 
 /// The low and high bytes of the bfloat16 bits of 64 codes.
