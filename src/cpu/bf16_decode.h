@@ -14,7 +14,6 @@
 #include <type_traits>
 
 #include "cpu/e4m3_bf16.h"
-#include "cpu/rows_ahead.h"
 
 namespace sdpa::cpu {
 
@@ -39,6 +38,33 @@ struct KvRowsOf {
   int64_t count;
 };
 using Bf16KvRows = KvRowsOf<uint16_t>;
+
+/// Value rows of a kv head read in place through their addresses, T as in KvRowsOf: row c
+/// at rows[c] + first (a paged cache's rows lie one stride apart only within a page; a
+/// pass over elements [first, ...) offsets them all), head_dim elements of unit stride
+/// from rows[c]; rows c >= count are not read.
+template <class T>
+struct ValueRowsOf {
+  const T* const* rows;
+  int64_t first;
+  int64_t head_dim;
+  int64_t count;
+
+  const T* row(int64_t c) const { return rows[c] + first; }
+};
+
+/// Requests rows [begin, min(end, rows.count)) of `rows` (whole rows of head_dim elements)
+/// into L2 (prefetcht1, as the decode tile loop requests its rows).
+template <class T>
+inline void RequestValueRows(const ValueRowsOf<T>& rows, int64_t begin, int64_t end) {
+  for (int64_t c = begin; c < std::min(end, rows.count); ++c) {
+    const char* row = reinterpret_cast<const char*>(rows.rows[c]);
+    for (int64_t offset = 0; offset < rows.head_dim * static_cast<int64_t>(sizeof(T));
+         offset += 64) {
+      __builtin_prefetch(row + offset, 0, 2);
+    }
+  }
+}
 
 /// 32 elements at p of a row of T as bf16 bits (those outside `mask` read as 0).
 template <class T>
@@ -208,10 +234,11 @@ inline constexpr int64_t kValueBlock = 32;
 template <class T, int kRows, int kBlocks, bool kTail, bool kPair>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi"),
                always_inline)) inline void
-AccumulateKeyPair(__m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p, const KvRowsOf<T>& values,
-                  int64_t c, __mmask32 tail, const E4M3Bf16Table& table) {
-  const T* row0 = values.data + c * values.stride;
-  const int64_t value_stride = values.stride;
+AccumulateKeyPair(__m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p,
+                  const ValueRowsOf<T>& values, int64_t c, __mmask32 tail,
+                  const E4M3Bf16Table& table) {
+  const T* row0 = values.row(c);
+  const T* row1 = kPair ? values.row(c + 1) : row0;
   __m512bh pairs[2 * kBlocks];
 #pragma GCC unroll 4
   for (int blk = 0; blk < kBlocks; ++blk) {
@@ -219,7 +246,7 @@ AccumulateKeyPair(__m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p, const KvRo
     const __mmask32 load = masked ? tail : ~__mmask32{0};
     const __m512i x = LoadBf16Words(table, row0 + 32 * blk, load);
     const __m512i y =
-        kPair ? LoadBf16Words(table, row0 + value_stride + 32 * blk, load) : _mm512_setzero_si512();
+        kPair ? LoadBf16Words(table, row1 + 32 * blk, load) : _mm512_setzero_si512();
     pairs[2 * blk] = (__m512bh)_mm512_unpacklo_epi16(x, y);
     pairs[2 * blk + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
   }
@@ -236,19 +263,20 @@ AccumulateKeyPair(__m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p, const KvRo
 // acc rows r < kRows, kBlocks blocks of 32 elements (two vectors each), = acc.alpha[r] acc
 // + P . values for the values.count keys, with the accumulators held in registers over all
 // of them. `values` start at the pass's first element; their head_dim is the whole rows',
-// which the requests for the rows `ahead` (spaced like them) read.
+// which the requests for the rows `ahead` read.
 template <class T, int kRows, int kBlocks, bool kTail>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi"))) void Bf16ValueTile(
-    const Bf16Rows& p, const KvRowsOf<T>& values, __mmask32 tail, const RescaledAccumulators& acc,
-    const RowsAhead& ahead) {
+    const Bf16Rows& p, const ValueRowsOf<T>& values, __mmask32 tail,
+    const RescaledAccumulators& acc, const ValueRowsOf<T>& ahead) {
   // Unused (and dropped by the compiler) for bf16 rows.
   const E4M3Bf16Table table = LoadE4M3Bf16Table();
   constexpr int kVecs = 2 * kBlocks;
   // Copies and scalars of the operands, so that the key loop below reads them from
   // registers, not through the references.
   const Bf16Rows p_rows = p;
-  const KvRowsOf<T> value_rows = values;
-  const int64_t value_stride = values.stride, head_dim = values.head_dim, n = values.count;
+  const ValueRowsOf<T> value_rows = values;
+  const ValueRowsOf<T> rows_ahead = ahead;
+  const int64_t n = values.count;
   const int64_t ld_acc = acc.stride;
   __m512 a[kRows][kVecs];
 #pragma GCC unroll 2
@@ -261,11 +289,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi"))) void 
   }
   int64_t c = 0;
   for (; c + 1 < n; c += 2) {
-    PrefetchRows(ahead, value_stride, head_dim, c, c + 2);
+    RequestValueRows(rows_ahead, c, c + 2);
     AccumulateKeyPair<T, kRows, kBlocks, kTail, true>(a, p_rows, value_rows, c, tail, table);
   }
   if (c < n) {
-    PrefetchRows(ahead, value_stride, head_dim, c, c + 2);
+    RequestValueRows(rows_ahead, c, c + 2);
     AccumulateKeyPair<T, kRows, kBlocks, kTail, false>(a, p_rows, value_rows, c, tail, table);
   }
 #pragma GCC unroll 2
@@ -291,14 +319,15 @@ inline constexpr int kValueRowsPerPass = 2;
 /// kValueBlock floats and come out in the order ValueOrderToElements describes and
 /// restores (once per row at the end): vpunpck{l,h}wd interleave two rows within 128-bit
 /// lanes, cheaper than the cross-lane permute that element order would need. The rows
-/// `ahead` (spaced like the value rows) are requested into L2 along the way: memory streams
-/// them while this computes. Value rows of T as in KvRowsOf.
+/// `ahead` are requested into L2 along the way: memory streams them while this computes.
+/// Value rows of T as in ValueRowsOf (values.first = 0), any distance apart: one pass covers
+/// a tile whose rows span several pages.
 template <class T>
 __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi"))) inline void Bf16AccumulateValues(
-    const Bf16Rows& p, const KvRowsOf<T>& values, const RescaledAccumulators& acc,
-    const RowsAhead& ahead) {
-  using Tile = void (*)(const Bf16Rows&, const KvRowsOf<T>&, __mmask32, const RescaledAccumulators&,
-                        const RowsAhead&);
+    const Bf16Rows& p, const ValueRowsOf<T>& values, const RescaledAccumulators& acc,
+    const ValueRowsOf<T>& ahead) {
+  using Tile = void (*)(const Bf16Rows&, const ValueRowsOf<T>&, __mmask32,
+                        const RescaledAccumulators&, const ValueRowsOf<T>&);
   // [query rows - 1][blocks - 1][last block masked]
   static constexpr Tile kTiles[kValueRowsPerPass][kValueBlocksPerPass][2] = {
       {{Bf16ValueTile<T, 1, 1, false>, Bf16ValueTile<T, 1, 1, true>},
@@ -322,12 +351,13 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi"))) inline void Bf
       // The first pass requests the rows ahead, a pair per pair of keys it reads.
       const bool first = e == 0 && r == 0;
       kTiles[m - 1][blocks - 1][masked](
-          {p.row(r), p.stride, m}, {values.data + e, values.stride, head_dim_v, n}, tail,
-          {acc.alpha + r, acc.o + r * acc.stride + e, acc.stride}, first ? ahead : RowsAhead{});
+          {p.row(r), p.stride, m}, {values.rows, e, head_dim_v, n}, tail,
+          {acc.alpha + r, acc.o + r * acc.stride + e, acc.stride},
+          first ? ahead : ValueRowsOf<T>{ahead.rows, 0, ahead.head_dim, 0});
     }
   }
   // Rows ahead past those the key pairs requested (when ahead.n > n).
-  PrefetchRows(ahead, values.stride, head_dim_v, (n + 1) / 2 * 2, ahead.n);
+  RequestValueRows(ahead, (n + 1) / 2 * 2, ahead.count);
 }
 
 /// Puts an accumulator row of Bf16AccumulateValues ([0, n), n a multiple of kValueBlock)

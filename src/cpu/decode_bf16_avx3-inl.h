@@ -92,27 +92,25 @@ struct Bf16Values {
     for (int64_t r = 0; r < call.rows && !p_in_bf16; ++r) {
       ConvertRowToBf16(ws.scores + r * kBlockKv, ws.p_bf16 + r * kBlockKv, kBlockKv);
     }
-    // The P.v pass requests the next tile's value rows while it reads these: memory then
-    // streams values during P.v and keys during the scores, instead of idling through P.v
-    // with both requested in bursts during the scores.
-    const RowsAhead ahead = NextTileRows(v_rows, j0, call.S);
-    PrefetchRestOfNextTile(v_rows, j0, call.S, ahead.n);
-    // One pass per run of rows one stride apart: the whole tile, or each page of a paged
-    // cache (pages of whole 16-key groups, so every run but the last is even). Only the
-    // first pass rescales the accumulators.
-    static_assert(kDecodeMaxRows == 16);
-    HWY_ALIGN static constexpr float kNoRescale[kDecodeMaxRows] = {1, 1, 1, 1, 1, 1, 1, 1,
-                                                                   1, 1, 1, 1, 1, 1, 1, 1};
-    for (int64_t c = pair_begin; c < c_end;) {
-      const int64_t end = c + std::min(c_end - c, v_rows.rows_in_run(j0 + c));
-      Bf16AccumulateValues<T>({ws.p_bf16 + c, kBlockKv, call.rows},
-                           {static_cast<const T*>(v_rows.row_data(j0 + c)),
-                            v_rows.row_stride(), v_rows.cols(), end - c},
-                           {c == pair_begin ? call.state.alpha : kNoRescale, call.state.o,
-                            call.ev_pad},
-                           end == c_end ? ahead : RowsAhead{});
-      c = end;
+    // The rows by address: one pass over the tile, also where it spans pages of a paged
+    // cache (one pass per page loaded and stored the accumulators four times per tile at
+    // page size 16). The P.v pass requests the next tile's value rows (past the chunk's
+    // end too: the next chunk is usually this thread's next item) a pair per pair it reads:
+    // memory then streams values during P.v and keys during the scores, instead of idling
+    // through P.v with both requested in bursts during the scores.
+    const T* rows[kBlockKv];
+    const T* next_rows[kBlockKv];
+    for (int64_t c = pair_begin; c < c_end; ++c) {
+      rows[c] = static_cast<const T*>(v_rows.row_data(j0 + c));
     }
+    const int64_t next = v_rows.is_window() ? 0 : std::clamp<int64_t>(call.S - j0 - kBlockKv, 0, kBlockKv);
+    for (int64_t c = 0; c < next; ++c) {
+      next_rows[c] = static_cast<const T*>(v_rows.row_data(j0 + kBlockKv + c));
+    }
+    Bf16AccumulateValues<T>({ws.p_bf16 + pair_begin, kBlockKv, call.rows},
+                            {rows + pair_begin, 0, v_rows.cols(), c_end - pair_begin},
+                            {call.state.alpha, call.state.o, call.ev_pad},
+                            {next_rows, 0, v_rows.cols(), next});
   }
   HWY_INLINE void Finish(const DecodeCall& call) const {
     static_assert(kDecodeRowPad % kValueBlock == 0);

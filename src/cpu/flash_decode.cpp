@@ -63,17 +63,17 @@ DecodeScratch::DecodeScratch(const AttentionParams& params, bool bf16_dot)
       kv_rows(kv_rows_of(params.k.dtype())),
       flex(params.mask, kBlockKv) {
   // vdpbf16ps reads keys in runs of 16 rows one stride apart, which must not cross a page
-  // (values go page by page: Bf16Values); a staged tile (heads > 1) is one run.
-  const bool tile_runs =
-      !params.kv_pages || params.kv_pages->page_size % 16 == 0 || heads > 1;
-  bf16_keys = bf16_dot && key_rows_in_place && tile_runs;
+  // (values are read by address: Bf16Values); a staged tile is one run.
+  const bool page_runs = !params.kv_pages || params.kv_pages->page_size % 16 == 0;
+  bf16_keys = bf16_dot && key_rows_in_place && (page_runs || heads > 1);
   bf16_values = bf16_keys && value_rows_in_place;
   stage_widens = heads > 1 && bf16_values && kv_rows == KvRows::kFloat8E4M3FN;
+  stage_tiles = heads > 1 && !(bf16_values && page_runs && kv_rows == KvRows::kBFloat16);
   // The bf16 slots hold two elements per float; the stage's rows are whole cache lines.
   const auto stage_floats = [&](const Tensor& rows, int64_t cols) {
     const int64_t bytes =
         kBlockKv * heads * cols * static_cast<int64_t>(element_size(stage_dtype(rows.dtype())));
-    return heads > 1 ? round_up(bytes, 64) / 4 : 0;
+    return stage_tiles ? round_up(bytes, 64) / 4 : 0;
   };
   const int64_t sizes[] = {heads * kDecodeMaxRows * head_dim_qk_padded,
                            kDecodeMaxRows * kBlockKv,

@@ -60,11 +60,11 @@ enum class KvRows { kBFloat16, kFloat16, kFloat32, kFloat8E4M3FN };
 /// its value / 256 (decode_rows-inl.h): the routes fold 256 into the cache's scales.
 inline constexpr float kE4M3FNInPlaceFactor = 256.0f;
 
-/// The key tile after the staged one of a decode item of several kv heads: its rows' first
-/// head's key and value rows (null past the item's visible keys). While the stage holds a
-/// tile, each head requests its slice of the next tile's rows into L2 as it scores, so
-/// memory streams the next tile during the heads' arithmetic instead of idling until the
-/// next copy (sdpa_paged_decode's bfloat16 pages 7% faster; 11% at the AVX2 level).
+/// The key tile after the current one of a decode item of several kv heads: its rows'
+/// first head's key and value rows (null past the item's visible keys). Each head requests
+/// its slice of the next tile's rows into L2 as it scores, so memory streams the next tile
+/// during the heads' arithmetic instead of idling until the next copy (sdpa_paged_decode's
+/// bfloat16 pages 7% faster when staged; 11% at the AVX2 level).
 struct StagedTileAhead {
   const char* k_rows[kBlockKv];
   const char* v_rows[kBlockKv];
@@ -93,7 +93,7 @@ struct DecodeScratch {
   uint16_t* q_bf16;  ///< [heads, rows, E_pad] when bf16_keys
   uint16_t* p_bf16;  ///< [rows, kBlockKv] when bf16_values
   float* q;          ///< [heads, rows, E_pad], pre-scaled
-  /// When heads > 1: a key tile's rows of the item's heads, [kBlockKv, heads, E] and
+  /// When stage_tiles: a key tile's rows of the item's heads, [kBlockKv, heads, E] and
   /// [kBlockKv, heads, Ev] in the cache's dtype, or widened to bf16 (stage_widens).
   void* stage_k;
   void* stage_v;
@@ -103,6 +103,13 @@ struct DecodeScratch {
   bool stage_widens;
   /// The stage's dtype (the cache's, or bfloat16 when stage_widens).
   DType stage_dtype(DType cache) const { return stage_widens ? DType::kBFloat16 : cache; }
+  /// Whether an item of several heads copies each key tile into the stage before its heads
+  /// read it. Not for bfloat16 rows that the vdpbf16ps routes read in place (bf16_values,
+  /// keys in runs of 16 rows one stride apart): there the heads read the cache, each
+  /// requesting its slices of the next tile's key rows as it scores and the P.v pass its
+  /// value rows, which read the paged benchmark's caches 7% (pages of 16) to 23%
+  /// (contiguous) faster than copying them first.
+  bool stage_tiles;
   float* scores;     ///< [rows, kBlockKv]
   float* tile;       ///< [kBlockKv, max(E_pad, Ev_pad)]: a tile's keys, then its values,
                      ///< converted to float32

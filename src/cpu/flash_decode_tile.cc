@@ -151,9 +151,23 @@ HWY_INLINE void StageTile(const AttentionParams& p, const DecodeItem& item, Deco
   }
 }
 
+// Requests the whole key and value rows `rows` (all of the item's heads) into L2, in
+// address order: the first tile of an item whose heads read the cache in place.
+HWY_INLINE void RequestWholeRows(const AttentionParams& p, const DecodeItem& item,
+                                 ColumnRange rows) {
+  for (const RowView& cache : {key_rows(p, item.b, item.hk), value_rows(p, item.b, item.hk)}) {
+    const int64_t bytes = item.heads * cache.cols() * cache.element_bytes();
+    for (int64_t j = rows.begin; j < rows.end; ++j) {
+      const char* row = static_cast<const char*>(cache.row_data(j));
+      for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 0, 2);
+    }
+  }
+}
+
 // DecodeChunk with key and value rows read by `routes`, for each head of the item: each
-// head's rows read in the cache, or (a call of items of several heads: ws.heads > 1) each
-// key tile staged for all the item's heads first.
+// head's rows read in the cache, or (a call of items of several heads: ws.heads > 1) key
+// tile by key tile, each read by all the item's heads in turn (copied into the stage
+// first where ws.stage_tiles).
 template <class Routes>
 void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const DecodeItem& item,
                      DecodeScratch& ws, const SoftmaxRows* out) {
@@ -210,11 +224,17 @@ void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const Decod
     const RowView k_cache = key_rows(p, item.b, item.hk);
     const RowView v_cache = value_rows(p, item.b, item.hk);
     for (int64_t j0 = first_tile; j0 < visible.end; j0 += kBlockKv) {
-      StageTile(p, item, ws, j0,
-                {std::max(j0, visible.begin), std::min(j0 + kBlockKv, visible.end)},
-                visible.end - 1);
+      const ColumnRange rows{std::max(j0, visible.begin), std::min(j0 + kBlockKv, visible.end)};
+      if (ws.stage_tiles) {
+        StageTile(p, item, ws, j0, rows, visible.end - 1);
+      } else if (j0 == first_tile) {
+        // Later tiles are requested a tile ahead, as the heads read this one.
+        RequestWholeRows(p, item, rows);
+      }
       // The next tile's rows, which the heads request as they score this one, except where
-      // the copy widens float8 codes: there the requests slowed the decode by 4-5%.
+      // the copy widens float8 codes: there the requests slowed the decode by 4-5%. Rows
+      // read in place request only key rows here: the value route's P.v pass requests the
+      // value rows it reads next (5% faster from a contiguous cache than both here).
       for (int64_t c = 0; c < kBlockKv && !ws.stage_widens; ++c) {
         const int64_t j = j0 + kBlockKv + c;
         const bool seen = j < visible.end;
@@ -222,14 +242,16 @@ void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const Decod
         ws.ahead.v_rows[c] = seen ? static_cast<const char*>(v_cache.row_data(j)) : nullptr;
       }
       for (int64_t h = 0; h < item.heads; ++h) {
-        const RowView k_rows = window(ws.stage_k, key_rows(p, item.b, item.hk + h), h, j0);
-        const RowView v_rows = window(ws.stage_v, value_rows(p, item.b, item.hk + h), h, j0);
+        const RowView k_cache_h = key_rows(p, item.b, item.hk + h);
+        const RowView v_cache_h = value_rows(p, item.b, item.hk + h);
+        const RowView k_rows = ws.stage_tiles ? window(ws.stage_k, k_cache_h, h, j0) : k_cache_h;
+        const RowView v_rows = ws.stage_tiles ? window(ws.stage_v, v_cache_h, h, j0) : v_cache_h;
         DecodeCall call = call_of(h, k_rows, v_rows);
         call.first_tile_end = first_tile + kBlockKv;
         if (!ws.stage_widens) {
           call.next_tile = &ws.ahead;
           call.next_k_bytes = k_cache.cols() * k_cache.element_bytes();
-          call.next_v_bytes = v_cache.cols() * v_cache.element_bytes();
+          call.next_v_bytes = ws.stage_tiles ? v_cache.cols() * v_cache.element_bytes() : 0;
           call.next_head = h;
         }
         DecodeTile(routes, p, head_item(h), call, {j0, visible});
