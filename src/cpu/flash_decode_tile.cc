@@ -151,19 +151,6 @@ HWY_INLINE void StageTile(const AttentionParams& p, const DecodeItem& item, Deco
   }
 }
 
-// Requests the whole key and value rows `rows` (all of the item's heads) into L2, in
-// address order: the first tile of an item whose heads read the cache in place.
-HWY_INLINE void RequestWholeRows(const AttentionParams& p, const DecodeItem& item,
-                                 ColumnRange rows) {
-  for (const RowView& cache : {key_rows(p, item.b, item.hk), value_rows(p, item.b, item.hk)}) {
-    const int64_t bytes = item.heads * cache.cols() * cache.element_bytes();
-    for (int64_t j = rows.begin; j < rows.end; ++j) {
-      const char* row = static_cast<const char*>(cache.row_data(j));
-      for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 0, 2);
-    }
-  }
-}
-
 // DecodeChunk with key and value rows read by `routes`, for each head of the item: each
 // head's rows read in the cache, or (a call of items of several heads: ws.heads > 1) key
 // tile by key tile, each read by all the item's heads in turn (copied into the stage
@@ -224,12 +211,10 @@ void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const Decod
     const RowView k_cache = key_rows(p, item.b, item.hk);
     const RowView v_cache = value_rows(p, item.b, item.hk);
     for (int64_t j0 = first_tile; j0 < visible.end; j0 += kBlockKv) {
-      const ColumnRange rows{std::max(j0, visible.begin), std::min(j0 + kBlockKv, visible.end)};
       if (ws.stage_tiles) {
-        StageTile(p, item, ws, j0, rows, visible.end - 1);
-      } else if (j0 == first_tile) {
-        // Later tiles are requested a tile ahead, as the heads read this one.
-        RequestWholeRows(p, item, rows);
+        StageTile(p, item, ws, j0,
+                  {std::max(j0, visible.begin), std::min(j0 + kBlockKv, visible.end)},
+                  visible.end - 1);
       }
       // The next tile's rows, which the heads request as they score this one, except where
       // the copy widens float8 codes: there the requests slowed the decode by 4-5%. Rows
