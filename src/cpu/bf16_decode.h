@@ -234,9 +234,8 @@ inline constexpr int64_t kValueBlock = 32;
 template <class T, int kRows, int kBlocks, bool kTail, bool kPair>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi"),
                always_inline)) inline void
-AccumulateKeyPair(__m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p,
-                  const ValueRowsOf<T>& values, int64_t c, __mmask32 tail,
-                  const E4M3Bf16Table& table) {
+AccumulateKeyPair(__m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p, const ValueRowsOf<T>& values,
+                  int64_t c, __mmask32 tail, const E4M3Bf16Table& table) {
   const T* row0 = values.row(c);
   const T* row1 = kPair ? values.row(c + 1) : row0;
   __m512bh pairs[2 * kBlocks];
@@ -245,8 +244,7 @@ AccumulateKeyPair(__m512 (&a)[kRows][2 * kBlocks], const Bf16Rows& p,
     const bool masked = kTail && blk == kBlocks - 1;
     const __mmask32 load = masked ? tail : ~__mmask32{0};
     const __m512i x = LoadBf16Words(table, row0 + 32 * blk, load);
-    const __m512i y =
-        kPair ? LoadBf16Words(table, row1 + 32 * blk, load) : _mm512_setzero_si512();
+    const __m512i y = kPair ? LoadBf16Words(table, row1 + 32 * blk, load) : _mm512_setzero_si512();
     pairs[2 * blk] = (__m512bh)_mm512_unpacklo_epi16(x, y);
     pairs[2 * blk + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
   }
@@ -356,7 +354,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi"))) inline void Bf
           first ? ahead : ValueRowsOf<T>{ahead.rows, 0, ahead.head_dim, 0});
     }
   }
-  // Rows ahead past those the key pairs requested (when ahead.n > n).
+  // Rows ahead past those the key pairs requested (when ahead.count > n).
   RequestValueRows(ahead, (n + 1) / 2 * 2, ahead.count);
 }
 

@@ -103,7 +103,8 @@ struct Bf16Values {
     for (int64_t c = pair_begin; c < c_end; ++c) {
       rows[c] = static_cast<const T*>(v_rows.row_data(j0 + c));
     }
-    const int64_t next = v_rows.is_window() ? 0 : std::clamp<int64_t>(call.S - j0 - kBlockKv, 0, kBlockKv);
+    const int64_t next =
+        v_rows.is_window() ? 0 : std::clamp<int64_t>(call.S - j0 - kBlockKv, 0, kBlockKv);
     for (int64_t c = 0; c < next; ++c) {
       next_rows[c] = static_cast<const T*>(v_rows.row_data(j0 + kBlockKv + c));
     }
