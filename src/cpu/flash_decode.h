@@ -39,18 +39,19 @@ inline constexpr int64_t kDecodeMaxRows = 16;
 /// Whether `params` (a forward call) takes the split-KV decode path.
 bool use_decode_path(const AttentionParams& params);
 
-/// Most bytes of one tile's key and value rows a decode item copies for its block of kv
+/// Most bytes of one tile's key and value rows a decode item reads for its block of kv
 /// heads (kv_heads_per_item; float8 rows counted at 2 bytes, as a stage may widen them):
-/// the copy stays in L2 while each head reads its rows.
+/// the tile (in place or copied into the stage) stays in L2 while each head reads its rows.
 inline constexpr int64_t kDecodeStageBytes = 256 * 1024;
 /// Most kv heads per decode item (the item keeps each head's softmax state on the stack).
 inline constexpr int64_t kDecodeMaxItemHeads = 16;
 
 /// How many kv heads one decode item runs (>= 1). Where the kv heads' rows of a key lie
 /// side by side (a [.., S, Hkv, E] cache, contiguous or paged: one head's rows are then
-/// strided), an item takes a block of heads and copies each key tile's rows of all of them
-/// in address order before the heads read it: memory streams such whole rows at about 1.5x
-/// the rate of one head's strided slices (issue 25's paged decode). 1 otherwise.
+/// strided), an item takes a block of heads and runs them tile by tile, so that memory
+/// streams each key tile's whole rows, at about 1.5x the rate of one head's strided slices
+/// (issue 25's paged decode): the heads read the tile in place, or copied into a stage
+/// (DecodeScratch::stage_tiles). 1 otherwise.
 int64_t kv_heads_per_item(const AttentionParams& params);
 
 /// Element type of key and value rows the decode path reads in place (k and v share it).
