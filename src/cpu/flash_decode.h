@@ -62,7 +62,8 @@ enum class KvRows { kBFloat16, kFloat16, kFloat32, kFloat8E4M3FN };
 inline constexpr float kE4M3FNInPlaceFactor = 256.0f;
 
 /// The key tile after the current one of a decode item of several kv heads: its rows'
-/// first head's key and value rows (null past the item's visible keys). Each head requests
+/// first head's key and value rows (null past the item's visible keys; value rows only
+/// where the item stages its tiles: in place, the P.v pass requests them). Each head requests
 /// its slice of the next tile's rows into L2 as it scores, so memory streams the next tile
 /// during the heads' arithmetic instead of idling until the next copy (sdpa_paged_decode's
 /// bfloat16 pages 7% faster when staged; 11% at the AVX2 level).

@@ -224,7 +224,8 @@ void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const Decod
         const int64_t j = j0 + kBlockKv + c;
         const bool seen = j < visible.end;
         ws.ahead.k_rows[c] = seen ? static_cast<const char*>(k_cache.row_data(j)) : nullptr;
-        ws.ahead.v_rows[c] = seen ? static_cast<const char*>(v_cache.row_data(j)) : nullptr;
+        ws.ahead.v_rows[c] =
+            seen && ws.stage_tiles ? static_cast<const char*>(v_cache.row_data(j)) : nullptr;
       }
       for (int64_t h = 0; h < item.heads; ++h) {
         const RowView k_cache_h = key_rows(p, item.b, item.hk + h);
