@@ -44,46 +44,38 @@ HWY_INLINE V Exp2FractionBf16(D d, V f) {
   return hn::MulAdd(poly, f, hn::Set(d, 1.0f));
 }
 
-// 2^t for t in [-126, 127] (clamped): Exp2Fraction(t - round(t)) times 2^round(t) built
-// by bit shifting. round(t) comes from adding 1.5 * 2^23, which leaves it in the low
-// mantissa bits (round to nearest even); that replaces a round and a float-to-int
-// conversion, which Highway's AVX2 ConvertTo follows with a four-instruction overflow
-// fix-up.
+// 2^t for t in [-126, 127], not clamped: the caller zeroes the lanes where t < -125.5
+// (whose exponent bits below are garbage); NaN stays NaN through the arithmetic.
+// Exp2Fraction(t - round(t)) times 2^round(t) built by bit shifting: adding
+// 1.5 * 2^23 + 127 rounds t to an integer (to nearest even, in the low mantissa bits) with
+// the exponent bias already added, which replaces a round, a float-to-int conversion (which
+// Highway's AVX2 ConvertTo follows with a four-instruction overflow fix-up) and the bias's
+// integer add.
 template <class D, class V>
-HWY_INLINE V Exp2Clamped(D d, V t) {
+HWY_INLINE V Exp2Unclamped(D d, V t) {
   const hn::RebindToSigned<D> di;
-  const V kRoundMagic = hn::Set(d, 12582912.0f);  // 1.5 * 2^23
-  const V nan_probe = t;
-  // Bounds first: x86 min/max return the second operand when one is NaN, so a NaN t
-  // stays NaN (as PyTorch's softmax keeps it); Highway's scalar targets return the other
-  // operand instead, which is undone below.
-  t = hn::Min(hn::Set(d, 127.0f), hn::Max(hn::Set(d, -126.0f), t));
+  const V kRoundMagic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127, exact
   const V shifted = hn::Add(t, kRoundMagic);
   const V n = hn::Sub(shifted, kRoundMagic);
   const V poly = Exp2Fraction(d, hn::Sub(t, n));
-  // shifted's bits are 0x4B400000 + n; the shift drops the 0x4B400000 (its low 9 bits are
-  // zero), leaving (n + 127) << 23 with n + 127 in [1, 254].
-  const auto exponent = hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, shifted), hn::Set(di, 127)));
-  const V result = hn::Mul(poly, hn::BitCast(d, exponent));
-#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
-  return hn::IfThenElse(hn::IsNaN(nan_probe), nan_probe, result);
-#else
-  (void)nan_probe;
-  return result;
-#endif
+  // shifted's bits are 0x4B400000 + 127 + n; the shift drops the 0x4B400000 (its low 22
+  // bits are zero), leaving (n + 127) << 23, n + 127 in [1, 254] for t in [-126, 127].
+  const auto exponent = hn::ShiftLeft<23>(hn::BitCast(di, shifted));
+  return hn::Mul(poly, hn::BitCast(d, exponent));
 }
 
 #if HWY_TARGET == HWY_AVX3
 // 2^t (t clamped to <= 127) where `keep`, else exactly 0. AVX-512: vrndscaleps rounds and
-// vscalefps multiplies by 2^n in one instruction each, with the same values as
-// Exp2Clamped (both products by 2^n are exact); the masked vscalefps writes the exact
+// vscalefps multiplies by 2^n in one instruction each, with the values of Exp2Unclamped
+// (both products by 2^n are exact; a tie t = k + 1/2 may take the other integer, with the
+// same accuracy); the masked vscalefps writes the exact
 // zeros, so -inf and tiny arguments need neither a clamp from below nor a blend.
 // kForBf16, for the bf16 softmax: the fraction by Exp2FractionBf16. kSmallArguments (the
 // default for bf16): no clamp, for callers whose t stays small: <= 0 with the max
 // subtracted, <= 8 under the fused tiles' lazy max (lazy_softmax-inl.h).
 template <bool kForBf16 = false, bool kSmallArguments = kForBf16, class D>
 HWY_INLINE hn::Vec512<float> Exp2OrZero(D d, __mmask16 keep, hn::Vec512<float> t) {
-  if (!kSmallArguments) t = hn::Min(hn::Set(d, 127.0f), t);  // keeps NaN (Exp2Clamped)
+  if (!kSmallArguments) t = hn::Min(hn::Set(d, 127.0f), t);  // x86 min keeps a NaN second operand
   // The masked form with every lane set: the plain intrinsic passes GCC 12's
   // _mm512_undefined_ps(), which -Wmaybe-uninitialized reports wherever it is inlined.
   const __m512 n = _mm512_mask_roundscale_ps(t.raw, __mmask16{0xFFFF}, t.raw,
@@ -96,21 +88,21 @@ HWY_INLINE hn::Vec512<float> Exp2OrZero(D d, __mmask16 keep, hn::Vec512<float> t
 
 inline constexpr float kLog2e = 1.44269504088896341f;
 
-/// exp(x) for softmax arguments (x <= ~0) as 2^(x log2 e); exactly 0 below -87 (so -inf,
-/// a masked score, gives 0). Cheaper than a general exp, which matters because the
-/// softmax shares the FMA ports with the GEMMs.
+/// exp(x) for softmax arguments (x <= ~0; not clamped above, so x must stay below 88) as
+/// 2^(x log2 e); exactly 0 below -87 (so -inf, a masked score, gives 0), NaN for NaN. Cheaper than
+/// a general exp, which matters because the softmax shares the FMA ports with the GEMMs.
 template <class D, class V>
 HWY_INLINE V FastExp(D d, V x) {
-  const V result = Exp2Clamped(d, hn::Mul(x, hn::Set(d, kLog2e)));
+  const V result = Exp2Unclamped(d, hn::Mul(x, hn::Set(d, kLog2e)));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), result);
 }
 
-/// 2^t for t <= ~0, exactly 0 below -125.5 (= -87 log2 e; -inf gives 0). The softmax
-/// passes t = s * (scale log2 e) - max * log2 e for unscaled scores: the scale and log2 e
-/// fold into one FMA (FlashAttention's exp2 trick).
+/// 2^t for t <= ~0 (below 127: not clamped), exactly 0 below -125.5 (= -87 log2 e; -inf gives 0).
+/// The softmax passes t = s * (scale log2 e) - max * log2 e for unscaled scores: the scale and log2
+/// e fold into one FMA (FlashAttention's exp2 trick).
 template <class D, class V>
 HWY_INLINE V FastExp2(D d, V t) {
-  return hn::IfThenZeroElse(hn::Lt(t, hn::Set(d, -125.5f)), Exp2Clamped(d, t));
+  return hn::IfThenZeroElse(hn::Lt(t, hn::Set(d, -125.5f)), Exp2Unclamped(d, t));
 }
 
 #if HWY_TARGET == HWY_AVX3

@@ -1,4 +1,4 @@
-// FastExp / FastExp2 / Exp2Clamped (src/cpu/fast_exp-inl.h) against std::exp2 in double
+// FastExp / FastExp2 / Exp2Unclamped (src/cpu/fast_exp-inl.h) against std::exp2 in double
 // on every SIMD target this CPU runs: the softmax of every CPU flash kernel rests on them.
 
 #undef HWY_TARGET_INCLUDE
@@ -32,7 +32,8 @@ std::vector<float> Map(const std::vector<float>& x, Fn fn) {
 }
 
 // Every 1/64 in [-131, 131] (exact binary fractions, so ties at half-integers occur),
-// plus values just around the clamp points; padded to a multiple of the lanes.
+// plus values just around the range's ends and FastExp's zero points; padded to a multiple of the
+// lanes.
 std::vector<float> Arguments() {
   std::vector<float> t;
   for (int i = -131 * 64; i <= 131 * 64; ++i) t.push_back(static_cast<float>(i) / 64.0f);
@@ -44,13 +45,36 @@ std::vector<float> Arguments() {
   return t;
 }
 
-void TestExp2Clamped() {
+// Within its range [-126, 127] (outside it the callers zero the lanes or never go).
+void TestExp2Unclamped() {
   const std::vector<float> t = Arguments();
-  const std::vector<float> y = Map(t, [](auto d, auto v) { return Exp2Clamped(d, v); });
+  const std::vector<float> y = Map(t, [](auto d, auto v) { return Exp2Unclamped(d, v); });
   for (size_t i = 0; i < t.size(); ++i) {
-    const double clamped = std::fmin(std::fmax(static_cast<double>(t[i]), -126.0), 127.0);
-    const double want = std::exp2(clamped);
-    ASSERT_NEAR(y[i] / want, 1.0, 4e-7) << "t = " << t[i];
+    if (t[i] < -126.0f || t[i] > 127.0f) continue;
+    ASSERT_NEAR(y[i] / std::exp2(static_cast<double>(t[i])), 1.0, 4e-7) << "t = " << t[i];
+  }
+}
+
+// A NaN argument (a NaN score) gives NaN, as PyTorch's softmax keeps it; -inf gives 0.
+void TestNaNStaysNaN() {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x(64, -3.0f);
+  for (size_t i = 0; i < x.size(); i += 3) x[i] = nan;
+  for (size_t i = 1; i < x.size(); i += 7) x[i] = -inf;
+  const std::vector<float> fast = Map(x, [](auto d, auto v) { return FastExp(d, v); });
+  const std::vector<float> fast2 = Map(x, [](auto d, auto v) { return FastExp2(d, v); });
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i])) {
+      ASSERT_TRUE(std::isnan(fast[i])) << "lane " << i;
+      ASSERT_TRUE(std::isnan(fast2[i])) << "lane " << i;
+    } else if (std::isinf(x[i])) {
+      ASSERT_EQ(fast[i], 0.0f) << "lane " << i;
+      ASSERT_EQ(fast2[i], 0.0f) << "lane " << i;
+    } else {
+      ASSERT_NEAR(fast[i] / std::exp(-3.0), 1.0, 1e-6) << "lane " << i;
+      ASSERT_NEAR(fast2[i] / std::exp2(-3.0), 1.0, 1e-6) << "lane " << i;
+    }
   }
 }
 
@@ -90,11 +114,11 @@ void TestIntegerPowersAreExact() {
   std::vector<float> t;
   for (int n = -125; n <= 127; ++n) t.push_back(static_cast<float>(n));
   while (t.size() % 64 != 0) t.push_back(0.0f);
-  const std::vector<float> clamped = Map(t, [](auto d, auto v) { return Exp2Clamped(d, v); });
+  const std::vector<float> exp2 = Map(t, [](auto d, auto v) { return Exp2Unclamped(d, v); });
   const std::vector<float> fast2 = Map(t, [](auto d, auto v) { return FastExp2(d, v); });
   for (size_t i = 0; i < t.size(); ++i) {
     const float want = std::exp2(t[i]);
-    ASSERT_EQ(clamped[i], want) << "t = " << t[i];
+    ASSERT_EQ(exp2[i], want) << "t = " << t[i];
     ASSERT_EQ(fast2[i], want) << "t = " << t[i];
   }
   const std::vector<float> zeros(64, 0.0f);
@@ -117,7 +141,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace sdpa::cpu {
 HWY_BEFORE_TEST(FastExpTest);
-HWY_EXPORT_AND_TEST_P(FastExpTest, TestExp2Clamped);
+HWY_EXPORT_AND_TEST_P(FastExpTest, TestExp2Unclamped);
+HWY_EXPORT_AND_TEST_P(FastExpTest, TestNaNStaysNaN);
 HWY_EXPORT_AND_TEST_P(FastExpTest, TestFastExp2);
 HWY_EXPORT_AND_TEST_P(FastExpTest, TestFastExp);
 HWY_EXPORT_AND_TEST_P(FastExpTest, TestIntegerPowersAreExact);
