@@ -46,11 +46,11 @@ HWY_INLINE V Exp2FractionBf16(D d, V f) {
 
 // 2^t for t in [-126, 127], not clamped: the caller zeroes the lanes where t < -125.5
 // (whose exponent bits below are garbage); NaN stays NaN through the arithmetic.
-// Exp2Fraction(t - round(t)) times 2^round(t) built by bit shifting: adding
-// 1.5 * 2^23 + 127 rounds t to an integer (to nearest even, in the low mantissa bits) with
-// the exponent bias already added, which replaces a round, a float-to-int conversion (which
-// Highway's AVX2 ConvertTo follows with a four-instruction overflow fix-up) and the bias's
-// integer add.
+// Exp2Fraction(t - n) times 2^n, n = round(t) built by bit shifting: adding
+// 1.5 * 2^23 + 127 rounds t to the nearest integer (a tie to the one with n + 127 even) in
+// the low mantissa bits, with the exponent bias already added. That replaces a round, a
+// float-to-int conversion (which Highway's AVX2 ConvertTo follows with a four-instruction
+// overflow fix-up) and the bias's integer add; |t - n| <= 1/2 either way.
 template <class D, class V>
 HWY_INLINE V Exp2Unclamped(D d, V t) {
   const hn::RebindToSigned<D> di;
