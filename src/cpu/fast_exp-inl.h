@@ -68,8 +68,8 @@ HWY_INLINE V Exp2Unclamped(D d, V t) {
 // 2^t (t clamped to <= 127) where `keep`, else exactly 0. AVX-512: vrndscaleps rounds and
 // vscalefps multiplies by 2^n in one instruction each, with the values of Exp2Unclamped
 // (both products by 2^n are exact; a tie t = k + 1/2 may take the other integer, with the
-// same accuracy); the masked vscalefps writes the exact
-// zeros, so -inf and tiny arguments need neither a clamp from below nor a blend.
+// same accuracy); the masked vscalefps writes the exact zeros, so -inf and tiny arguments
+// need neither a clamp from below nor a blend.
 // kForBf16, for the bf16 softmax: the fraction by Exp2FractionBf16. kSmallArguments (the
 // default for bf16): no clamp, for callers whose t stays small: <= 0 with the max
 // subtracted, <= 8 under the fused tiles' lazy max (lazy_softmax-inl.h).
