@@ -254,14 +254,74 @@ TEST(Float8KvCache, NaNCodesReachTheOutput) {
     SCOPED_TRACE("capability " + capability);
     const test::ScopedCapability level(capability);
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-      for (bool in_values : {false, true}) {
+      for (const auto& [in_values, nan_code] : {std::pair{false, 0x7F}, std::pair{true, 0xFF}}) {
         Tensor k = float8_values({2, 64, 1, 32}, 2), v = float8_values({2, 64, 1, 32}, 3);
         (in_values ? v : k).select(0, 0).select(0, 5).select(0, 0).data<float8_e4m3fn>()[3].bits =
-            0x7f;
+            static_cast<uint8_t>(nan_code);
         const AttentionResult r = attention_with_kvcache(randn({2, 1, 4, 32}, 1, dtype), k, v,
                                                          int32s({40, 40}));
         EXPECT_TRUE(std::isnan(r.out.select(0, 0).item({0, 0, 3})));
         EXPECT_FALSE(std::isnan(r.out.select(0, 1).item({0, 0, 3})));
+      }
+    }
+  }
+}
+
+// Every code, as a key and as a value, through the decode path on every capability:
+// sequences of one cached row, whose output is that value row and whose logsumexp is the
+// one score, q . k times the softmax scale. Rows 0-3 (Hkv=2, E=32) hold the 254 finite
+// codes in order (then two zeros); query head i of each group of 8 is one-hot at element
+// offset + i, so four calls read every key element once. Row 4 holds the NaN codes 0x7F
+// and 0xFF: a NaN anywhere in a key row makes every score of its heads NaN (0 x NaN is
+// NaN), so row 4's outputs and logsumexps are NaN. float32 queries take the float32 path,
+// bfloat16 ones vdpbf16ps where the CPU has it.
+TEST(Float8KvCache, EveryCodeAsKeyAndValue) {
+  const int64_t B = 5, Hkv = 2, G = 8, E = 32;
+  Tensor cache = Tensor::zeros({B, 1, Hkv, E}, DType::kFloat8E4M3FN);
+  float8_e4m3fn* codes = cache.data<float8_e4m3fn>();
+  int64_t next = 0;
+  for (int code = 0; code < 256; ++code) {
+    if ((code & 0x7F) != 0x7F) codes[next++].bits = static_cast<uint8_t>(code);
+  }
+  codes[(B - 1) * Hkv * E].bits = 0x7F;
+  codes[(B - 1) * Hkv * E + E + 1].bits = 0xFF;
+  KvCacheOptions o;
+  o.k_scale = Tensor::full({}, 1.0, DType::kFloat32);
+  o.v_scale = Tensor::full({}, 1.0, DType::kFloat32);
+  const double softmax_scale = 1.0 / std::sqrt(static_cast<double>(E));
+  for (const std::string& capability : test::supported_capabilities()) {
+    SCOPED_TRACE("capability " + capability);
+    const test::ScopedCapability level(capability);
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(dtype_name(dtype));
+      for (int64_t offset = 0; offset < E; offset += G) {
+        Tensor q = Tensor::zeros({B, 1, Hkv * G, E}, DType::kFloat32);
+        for (int64_t b = 0; b < B; ++b) {
+          for (int64_t h = 0; h < Hkv * G; ++h) {
+            const int64_t at[] = {b, 0, h, offset + h % G};
+            q.set_item(at, 1.0);
+          }
+        }
+        const AttentionResult r =
+            attention_with_kvcache(q.to(dtype), cache, cache, int32s({1, 1, 1, 1, 1}), o);
+        for (int64_t b = 0; b < B; ++b) {
+          for (int64_t h = 0; h < Hkv * G; ++h) {
+            const float8_e4m3fn* row = codes + (b * Hkv + h / G) * E;
+            const double lse = r.lse.item({b, h, 0});
+            if (b == B - 1) {
+              EXPECT_TRUE(std::isnan(lse)) << "NaN key row, head " << h;
+              for (int64_t e = 0; e < E; ++e) EXPECT_TRUE(std::isnan(r.out.item({b, 0, h, e})));
+              continue;
+            }
+            const double key = static_cast<float>(row[offset + h % G]);
+            EXPECT_NEAR(lse, key * softmax_scale, 1e-6 * std::max(1.0, std::abs(key)))
+                << "key code " << int{row[offset + h % G].bits};
+            for (int64_t e = 0; e < E; ++e) {
+              EXPECT_EQ(r.out.item({b, 0, h, e}), static_cast<float>(row[e]))
+                  << "value code " << int{row[e].bits};
+            }
+          }
+        }
       }
     }
   }
