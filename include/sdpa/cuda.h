@@ -58,9 +58,9 @@ struct GraphCacheStats {
 };
 GraphCacheStats cudnn_graph_cache_stats();
 
-/// The run-time compiler of flex programs for the CUDA kernels and the folder where
-/// compiled code is kept by program hash ("NVRTC (...); cache <folder>"), or that CUDA is
-/// not built. Loads nothing.
+/// The run-time compiler of flex programs for the CUDA kernels, the folder where compiled
+/// code is kept by program hash and the CUDA headers its units include ("NVRTC (...);
+/// cache <folder>; CUDA headers <folder>"), or that CUDA is not built. Loads nothing.
 std::string runtime_compiler_description();
 
 }  // namespace sdpa::cuda

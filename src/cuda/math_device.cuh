@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/device_types.cuh"
 #include "cuda/math.h"
 
 namespace sdpa::cuda::math {
@@ -23,9 +24,6 @@ __device__ inline int chunk_size(int64_t first, int64_t count) {
 template <typename T> struct Accumulator { using type = float; };
 template <> struct Accumulator<double> { using type = double; };
 
-__device__ inline float to_acc(__half x) { return __half2float(x); }
-__device__ inline float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ inline float to_acc(float x) { return x; }
 __device__ inline double to_acc(double x) { return x; }
 
 template <typename T> __device__ inline T from_acc(float x);
@@ -44,23 +42,6 @@ struct View {
   __device__ const T* row(int64_t b, int64_t h, int64_t r) const {
     return data + b * s0 + h * s1 + r * s2;
   }
-};
-
-/// The dense mask, if any, as a [B, Hq, L, S] view with broadcast (zero) strides.
-struct DenseMask {
-  const void* data = nullptr;
-  int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  int kind = 0;  // 0 none, 1 bool (true = keep), 2 additive in the query dtype, 3 float32
-};
-
-/// Diagonal bands in the sequence frame (every bias but is_causal reaches MATH as its
-/// dense materialization): key j of row i takes part when lo <= j < hi for each.
-constexpr int kMaxBands = 4;
-struct Bands {
-  int count = 0;
-  int64_t offset[kMaxBands];  // diagonal of row 0: 0 (top-left) or S - L (bottom-right)
-  int64_t left[kMaxBands];    // keys before the diagonal (INT64_MAX: unbounded)
-  int64_t right[kMaxBands];   // keys after it (INT64_MAX: unbounded)
 };
 
 /// Whether key j is inside every band for query row i.

@@ -126,14 +126,16 @@ void write_file(const std::string& path, const std::string& bytes) {
   if (ec) std::filesystem::remove(tmp, ec);
 }
 
-std::string compile_now(const std::string& source, int arch) {
+std::string compile_now(const std::string& source, int arch,
+                        const std::vector<std::string>& extra) {
   const Nvrtc& n = nvrtc();
   nvrtcProgram program = nullptr;
   check(n.create(&program, source.c_str(), "sdpa_flex.cu", 0, nullptr, nullptr),
         "nvrtcCreateProgram");
   const std::string arch_flag = "--gpu-architecture=sm_" + std::to_string(arch);
-  const char* options[] = {arch_flag.c_str(), "-std=c++17", "--fmad=true"};
-  const nvrtcResult status = n.compile(program, 3, options);
+  std::vector<const char*> options = {arch_flag.c_str(), "-std=c++17", "--fmad=true"};
+  for (const std::string& option : extra) options.push_back(option.c_str());
+  const nvrtcResult status = n.compile(program, static_cast<int>(options.size()), options.data());
   if (status != NVRTC_SUCCESS) {
     size_t size = 0;
     n.log_size(program, &size);
@@ -188,10 +190,14 @@ uint64_t source_hash(const std::string& text, int arch) {
   return hash.value;
 }
 
-CompiledModule compile_cubin(const std::string& source, int arch) {
+CompiledModule compile_cubin(const std::string& source, int arch,
+                             const std::vector<std::string>& options) {
   SDPA_CHECK(nvrtc().error.empty(), nvrtc().error);
-  // The NVRTC version is part of the key: a newer compiler's code replaces an older one's.
-  const uint64_t key = source_hash(source + "\n// nvrtc " + std::to_string(nvrtc_version()), arch);
+  // The NVRTC version and the options are part of the key: a newer compiler's code, or
+  // code against other headers, replaces the old.
+  std::string keyed = source + "\n// nvrtc " + std::to_string(nvrtc_version());
+  for (const std::string& option : options) keyed += "\n// " + option;
+  const uint64_t key = source_hash(keyed, arch);
   MemoryCache& memory = memory_cache();
   {
     std::lock_guard lock(memory.mu);
@@ -201,7 +207,7 @@ CompiledModule compile_cubin(const std::string& source, int arch) {
   std::string cubin = path.empty() ? "" : read_file(path);
   const bool from_disk = !cubin.empty();
   if (!from_disk) {
-    cubin = compile_now(source, arch);
+    cubin = compile_now(source, arch, options);
     if (!path.empty()) write_file(path, cubin);
   }
   std::lock_guard lock(memory.mu);
@@ -209,13 +215,35 @@ CompiledModule compile_cubin(const std::string& source, int arch) {
   return {cubin, from_disk};
 }
 
+std::string cuda_include_dir() {
+  std::vector<std::string> candidates;
+  if (const char* dir = std::getenv("SDPA_CUDA_INCLUDE_DIR"); dir != nullptr && *dir != '\0') {
+    candidates.emplace_back(dir);
+  }
+  for (const char* root : {"CUDA_HOME", "CUDA_PATH"}) {
+    if (const char* dir = std::getenv(root); dir != nullptr && *dir != '\0') {
+      candidates.push_back(std::string(dir) + "/include");
+    }
+  }
+  candidates.emplace_back(SDPA_CUDA_TOOLKIT_INCLUDE_DIR);
+  candidates.emplace_back("/usr/local/cuda/include");
+  for (const std::string& dir : candidates) {
+    std::error_code ec;
+    if (std::filesystem::exists(dir + "/cuda_bf16.h", ec)) return dir;
+  }
+  return "";
+}
+
 // Loads nothing: NVRTC is a large library, and which copy a process finds first can differ
 // (torch's wheel may have loaded its own), so info stays the same in every process.
 std::string runtime_compiler_description() {
   const std::string dir = nvrtc_cache_dir();
+  const std::string headers = cuda_include_dir();
   return "NVRTC (libnvrtc.so.13 or .12, loaded on first use); cache " +
          (dir.empty() ? std::string("in memory only (no SDPA_CACHE_DIR, XDG_CACHE_HOME or HOME)")
-                      : dir);
+                      : dir) +
+         "; CUDA headers " +
+         (headers.empty() ? std::string("not found (set SDPA_CUDA_INCLUDE_DIR)") : headers);
 }
 
 }  // namespace sdpa::cuda

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace sdpa::cuda {
 
@@ -27,10 +28,17 @@ struct CompiledModule {
 };
 
 /// Compiles `source` for compute capability `arch` (80 for sm_80, 90 for sm_90a's
-/// generic form sm_90) to CUBIN, with -std=c++17 and fast-math off. Throws sdpa::Error
-/// with NVRTC's log when the source does not compile, or nvrtc_load_error() when NVRTC
-/// is missing.
-CompiledModule compile_cubin(const std::string& source, int arch);
+/// generic form sm_90) to CUBIN, with -std=c++17, fast-math off and `options` (e.g.
+/// "-I" + cuda_include_dir(); part of the cache key). Throws sdpa::Error with NVRTC's log
+/// when the source does not compile, or nvrtc_load_error() when NVRTC is missing.
+CompiledModule compile_cubin(const std::string& source, int arch,
+                             const std::vector<std::string>& options = {});
+
+/// The folder holding the CUDA headers (cuda_bf16.h, cuda_fp16.h) that units including
+/// them need: $SDPA_CUDA_INCLUDE_DIR, else $CUDA_HOME/include, $CUDA_PATH/include, the
+/// toolkit sdpa was built with, /usr/local/cuda/include: the first that has cuda_bf16.h;
+/// "" when none does.
+std::string cuda_include_dir();
 
 /// FNV-1a over `text`: the cache's key function (exposed for tests and `sdpa info`).
 uint64_t source_hash(const std::string& text, int arch);

@@ -85,6 +85,7 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   a.kv_len = static_cast<int>(p.kv_len);
   a.head_dim = static_cast<int>(p.head_dim_qk);
   a.head_dim_v = static_cast<int>(p.head_dim_vo);
+  a.scale = static_cast<float>(p.scale);
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
 
   const MaskDescriptor& m = p.mask;

@@ -10,12 +10,8 @@
 // tiles outside every row's interval are never loaded and tiles inside all of them skip
 // the per-element test. ALiBi and a dense mask (bool or additive) apply per element.
 
-#include <climits>
-#include <cmath>
-#include <cstdint>
-
+#include "cuda/device_types.cuh"
 #include "cuda/flash/mma.cuh"
-#include "cuda/math_device.cuh"
 
 namespace sdpa::cuda::flash {
 
@@ -30,6 +26,7 @@ struct ForwardArgs {
   float* lse;
   int64_t heads_q, heads_kv;
   int q_len, kv_len, head_dim, head_dim_v;
+  float scale;       // softmax scale (a flex score_mod sees q.k^T times it)
   float scale_log2;  // softmax scale * log2(e)
   /// Sequence-frame bands (used when row_lo is null).
   math::Bands bands;
@@ -41,6 +38,23 @@ struct ForwardArgs {
   const float* alibi_slopes;
   int64_t alibi_offset;
   math::DenseMask dense;
+  /// A flex call's captured tensors of the score_mod and of the mask_mod
+  /// (SdpaCapturedTensor[], device memory) and the launch's failure record
+  /// (SdpaFlexStatus, cuda/flex_codegen.h); null without them.
+  const void* score_mod_captured;
+  const void* mask_mod_captured;
+  void* flex_status;
+};
+
+/// The flex hooks of forward_body for calls without a flex program: scores pass unchanged
+/// and every key of a row's interval is kept. A flex unit (cuda/flash/flex_unit.h) passes
+/// a type with the same members calling the generated score_mod / mask_mod.
+struct NoFlex {
+  static constexpr bool kActive = false;
+  __device__ static float score(const ForwardArgs&, float score, int64_t, int64_t, int, int) {
+    return score;
+  }
+  __device__ static bool keep(const ForwardArgs&, int64_t, int64_t, int, int) { return true; }
 };
 
 /// Tile sizes for head-dim tile kHeadDim (E and Ev are padded up to it with zeros). Each
@@ -57,7 +71,7 @@ struct ForwardTile {
 };
 
 template <typename T, int kHeadDim>
-constexpr size_t forward_smem_bytes() {
+__host__ __device__ constexpr size_t forward_smem_bytes() {
   using Tile = ForwardTile<kHeadDim>;
   return static_cast<size_t>(Tile::kRows + 2 * Tile::kKeys) * kHeadDim * sizeof(T);
 }
@@ -119,9 +133,10 @@ __device__ inline float additive_terms(const ForwardArgs& a, int64_t b, int64_t 
   return add;
 }
 
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(ForwardTile<kHeadDim>::kThreads)
-    forward_kernel(const ForwardArgs a) {
+/// The kernel's body for one block of kRows query rows; `Flex` adds a flex program's
+/// score_mod and mask_mod per element (NoFlex: none).
+template <typename T, int kHeadDim, class Flex>
+__device__ __forceinline__ void forward_body(const ForwardArgs& a) {
   using Tile = ForwardTile<kHeadDim>;
   constexpr int kRows = Tile::kRows, kKeys = Tile::kKeys, kM = Tile::kRowTiles;
   constexpr int kKeyTiles = kKeys / 8, kDimTiles = kHeadDim / 8;
@@ -238,6 +253,11 @@ __global__ void __launch_bounds__(ForwardTile<kHeadDim>::kThreads)
           float x = s[mt][nt][e] * a.scale_log2;
           if (!full && (j < lo[n] || j >= hi[n])) {
             x = -INFINITY;
+          } else if (Flex::kActive && row[n] < a.q_len) {
+            // As on the CPU: mask_mod first, then score_mod on the scaled score.
+            x = Flex::keep(a, b, h, row[n], j)
+                    ? Flex::score(a, s[mt][nt][e] * a.scale, b, h, row[n], j) * kLog2e
+                    : -INFINITY;
           } else if (per_element && row[n] < a.q_len) {
             x += additive_terms<T>(a, b, h, row[n], j) * kLog2e;
           }
@@ -327,6 +347,12 @@ __global__ void __launch_bounds__(ForwardTile<kHeadDim>::kThreads)
     }
     if (t == 0) a.lse[out_row] = masked ? -INFINITY : m[n] * kLn2 + logf(l[n]);
   }
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(ForwardTile<kHeadDim>::kThreads)
+    forward_kernel(const ForwardArgs a) {
+  forward_body<T, kHeadDim, NoFlex>(a);
 }
 
 }  // namespace sdpa::cuda::flash

@@ -7,10 +7,7 @@
 //   B (16 x 8, k x n):      b0 (k 2t..2t+1, n g), b1 (k 2t+8..2t+9, n g)
 //   C (16 x 8, float32):    c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1)
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include <cstdint>
+#include "cuda/device_types.cuh"
 
 namespace sdpa::cuda::flash {
 

@@ -1,0 +1,68 @@
+// The NVRTC unit of CUDA FLASH's forward kernel with a flex program (flex_unit.h).
+
+#include "cuda/flash/flex_unit.h"
+
+#include <sstream>
+
+#include "cuda/flex_codegen.h"
+#include "sdpa/error.h"
+
+namespace sdpa::cuda::flash {
+namespace {
+
+// The embedded sources without their includes of each other (they come in dependency
+// order) and without #pragma once (one file here).
+std::string kernel_sources_for_unit() {
+  std::istringstream in(flash_kernel_sources());
+  std::string text, line;
+  while (std::getline(in, line)) {
+    if (line.rfind("#include \"cuda/", 0) == 0 || line.rfind("#pragma once", 0) == 0) continue;
+    text += line;
+    text += '\n';
+  }
+  return text;
+}
+
+// The hooks forward_body calls per element (NoFlex's members), running the generated
+// functions with the call's captured tensors and failure record.
+constexpr const char* kHooks = R"(
+namespace sdpa::cuda::flash {
+struct GeneratedFlex {
+  static constexpr bool kActive = true;
+  __device__ static float score(const ForwardArgs& a, float score, int64_t b, int64_t h, int i,
+                                int j) {
+    return sdpa_score_mod(score, b, h, i, j,
+                          static_cast<const SdpaCapturedTensor*>(a.score_mod_captured),
+                          static_cast<SdpaFlexStatus*>(a.flex_status));
+  }
+  __device__ static bool keep(const ForwardArgs& a, int64_t b, int64_t h, int i, int j) {
+    return sdpa_mask_mod(0.0f, b, h, i, j,
+                         static_cast<const SdpaCapturedTensor*>(a.mask_mod_captured),
+                         static_cast<SdpaFlexStatus*>(a.flex_status));
+  }
+};
+}  // namespace sdpa::cuda::flash
+)";
+
+}  // namespace
+
+std::string flex_forward_unit(const flex::Program* score_mod, const flex::Program* mask_mod,
+                              DType dtype, int head_dim_tile) {
+  SDPA_CHECK(dtype == DType::kFloat16 || dtype == DType::kBFloat16,
+             "flex_forward_unit: dtype must be float16 or bfloat16, got ", dtype_name(dtype));
+  SDPA_CHECK(
+      head_dim_tile == 32 || head_dim_tile == 64 || head_dim_tile == 128 || head_dim_tile == 256,
+      "flex_forward_unit: head_dim_tile must be 32, 64, 128 or 256, got ", head_dim_tile);
+  const char* element = dtype == DType::kFloat16 ? "__half" : "__nv_bfloat16";
+  std::ostringstream unit;
+  unit << flex_translation_unit(score_mod, mask_mod, /*with_gradient=*/false) << '\n'
+       << kernel_sources_for_unit() << kHooks << '\n'
+       << "extern \"C\" __global__ void __launch_bounds__(sdpa::cuda::flash::ForwardTile<"
+       << head_dim_tile << ">::kThreads)\n    " << kFlexForwardEntry
+       << "(const sdpa::cuda::flash::ForwardArgs a) {\n"
+       << "  sdpa::cuda::flash::forward_body<" << element << ", " << head_dim_tile
+       << ", sdpa::cuda::flash::GeneratedFlex>(a);\n}\n";
+  return unit.str();
+}
+
+}  // namespace sdpa::cuda::flash
