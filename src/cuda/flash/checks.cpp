@@ -1,6 +1,7 @@
 // What the CUDA FLASH kernels accept (flash.h): float16 / bfloat16 on sm_80+, head dims
 // multiples of 8 up to 256, rows 16-byte aligned with a contiguous last dimension, every
-// native mask part; no flex programs, paged or float8 caches, dropout or backward yet.
+// native mask part, flex score_mods behind SDPA_CUDA_FLASH_FLEX=1 (flex_launch.cu); no
+// BlockMasks, paged or float8 caches, dropout or backward yet.
 
 #include <cuda_runtime_api.h>
 
@@ -14,9 +15,7 @@
 #include "cuda/status.h"
 
 namespace sdpa::cuda {
-namespace {
 
-// The device's compute capability as major * 10 + minor, read once per device.
 int compute_capability(int device) {
   static std::array<std::atomic<int>, 64> cached{};
   if (device < 0 || device >= static_cast<int>(cached.size())) return 0;
@@ -32,6 +31,8 @@ int compute_capability(int device) {
   cached[static_cast<size_t>(device)].store(cc, std::memory_order_relaxed);
   return cc;
 }
+
+namespace {
 
 // Rows start on 16-byte boundaries and the last dimension is dense: the kernels copy
 // 16-byte chunks.
@@ -79,10 +80,20 @@ bool flash_supports(const AttentionParams& p, Reasons& r) {
         "layout: FLASH on CUDA needs q, k and v with a contiguous last dimension and rows "
         "on 16-byte boundaries (strides multiples of 8 elements)");
   }
-  if (p.mask.score_mod || p.mask.block_mask) {
-    refuse(
-        "flex: score_mod and BlockMask programs do not run in the CUDA FLASH kernels yet "
-        "(cuDNN or MATH serves them)");
+  if (p.mask.block_mask) {
+    refuse("flex: BlockMasks do not run in the CUDA FLASH kernels yet (cuDNN serves some)");
+  }
+  if (p.mask.score_mod) {
+    if (!flex_flash_enabled()) {
+      refuse(
+          "flex: score_mods in the CUDA FLASH kernels have not run on a GPU yet; "
+          "SDPA_CUDA_FLASH_FLEX=1 enables them (cuDNN serves most)");
+    } else if (!p.mask.alibi_slopes.empty() || p.mask.dense_kind != DenseMaskKind::kNone) {
+      refuse(
+          "flex: a score_mod beside ALiBi or an attn_mask does not run in the CUDA FLASH kernels");
+    } else if (const std::string why = flex_flash_unavailable(); !why.empty()) {
+      refuse("flex: " + why);
+    }
   }
   if (p.kv_pages || p.kv_dequant) {
     refuse("kv_cache: paged and float8 KV caches do not run in the CUDA FLASH kernels yet");

@@ -107,6 +107,10 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   }
   a.dense = math::device_dense_mask(p, dense_owner);
 
+  if (p.mask.score_mod) {
+    const int64_t d = std::max(p.head_dim_qk, p.head_dim_vo);
+    return flex_flash_forward(p, a, d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 256);
+  }
   const int64_t batch_heads = p.batch * p.num_heads_q;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.dtype == DType::kFloat16) {

@@ -1,0 +1,142 @@
+// Flex score_mods on CUDA FLASH (the kernel compiled by NVRTC with the program,
+// cuda/flash/flex_unit.h) against the float64 CPU flex golden, with the tolerance the
+// naive CPU MATH run in the tested dtype sets. Every test needs a GPU of sm_80 or newer
+// and skips, with the reason, without one; SetUp enables the path
+// (SDPA_CUDA_FLASH_FLEX=1), which is off by default until these tests have passed on a GPU.
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "cuda/nvrtc.h"
+#include "sdpa/cuda.h"
+#include "sdpa/flex_attention.h"
+#include "sdpa/flex_mods.h"
+#include "training/attention_test_util.h"
+
+namespace sdpa_test {
+namespace {
+
+using sdpa::SDPBackend;
+using sdpa::flex::Expr;
+using sdpa::flex::Program;
+
+const sdpa::Device kCuda{sdpa::DeviceType::kCUDA, 0};
+
+Tensor gpu(const Tensor& t) { return sdpa::cuda::to_device(t, kCuda); }
+Tensor cpu(const Tensor& t) { return sdpa::cuda::to_device(t, sdpa::Device{}); }
+
+struct FlexCase {
+  int64_t batch, heads_q, heads_kv, q_len, kv_len, head_dim;
+  DType dtype;
+};
+
+class CudaFlashFlex : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!sdpa::cuda::is_available()) GTEST_SKIP() << sdpa::cuda::unavailable_reason();
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    if (major < 8) GTEST_SKIP() << "FLASH on CUDA needs sm_80 or newer";
+    if (!sdpa::cuda::nvrtc_load_error().empty()) GTEST_SKIP() << sdpa::cuda::nvrtc_load_error();
+    setenv("SDPA_CUDA_FLASH_FLEX", "1", 1);
+  }
+  void TearDown() override { unsetenv("SDPA_CUDA_FLASH_FLEX"); }
+
+  // Runs `mod` (captured tensors on the host) forward on CUDA FLASH and checks out and lse
+  // against the CPU's MATH in float64.
+  static void expect_matches_golden(const std::string& name, const Program& mod,
+                                    const FlexCase& c) {
+    SCOPED_TRACE(name + " L" + std::to_string(c.q_len) + " S" + std::to_string(c.kv_len) + " E" +
+                 std::to_string(c.head_dim) + " Hq/Hkv " + std::to_string(c.heads_q) + "/" +
+                 std::to_string(c.heads_kv) + " " + std::string(sdpa::dtype_name(c.dtype)));
+    const Tensor q = randn({c.batch, c.heads_q, c.q_len, c.head_dim}, c.dtype, 31);
+    const Tensor k = randn({c.batch, c.heads_kv, c.kv_len, c.head_dim}, c.dtype, 32);
+    const Tensor v = randn({c.batch, c.heads_kv, c.kv_len, c.head_dim}, c.dtype, 33);
+    sdpa::SDPAOptions o;
+    o.enable_gqa = c.heads_q != c.heads_kv;
+    sdpa::AttentionResult golden, naive, tested;
+    {
+      sdpa::sdpa_kernel only(SDPBackend::MATH);
+      golden = sdpa::flex_attention(f64(q), f64(k), f64(v), mod, nullptr, o);
+      naive = sdpa::flex_attention(q, k, v, mod, nullptr, o);
+    }
+    {
+      sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
+      tested = sdpa::flex_attention(gpu(q), gpu(k), gpu(v), mod, nullptr, o);
+    }
+    EXPECT_EQ(tested.backend, SDPBackend::FLASH_ATTENTION);
+    EXPECT_TRUE(close_to_golden("out", cpu(tested.out), golden.out, naive.out, c.dtype));
+    EXPECT_TRUE(close_to_golden("lse", cpu(tested.lse), golden.lse, naive.lse, DType::kFloat32,
+                                kFudge, c.dtype));
+  }
+};
+
+TEST_F(CudaFlashFlex, StandardModsMatchTheGoldenOnOddSizes) {
+  const Tensor table = randn({4, 33}, DType::kFloat32, 41);
+  Tensor slopes = Tensor::empty({4}, DType::kFloat32);
+  for (int64_t h = 0; h < 4; ++h) slopes.data<float>()[h] = 0.05f + 0.03f * static_cast<float>(h);
+  const Program soft_cap = Program::from_score_mod(sdpa::flex::mods::soft_cap(2.0));
+  const Program alibi = Program::from_score_mod(sdpa::flex::mods::alibi(slopes));
+  const Program relative = Program::from_score_mod(sdpa::flex::mods::relative_position(table, 16));
+  // Integer floor division and modulo (which cuDNN's score_mod cannot express) and a causal
+  // select that leaves the first rows' only keys and masks whole rows of padding blocks.
+  const Program stripes = Program::from_score_mod(
+      [](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr& kv) {
+        return sdpa::flex::where(
+            (q >= kv) && (sdpa::flex::floor_div(q - kv, Expr(5)) % Expr(3) != Expr(1)), s,
+            Expr(-INFINITY));
+      });
+  const FlexCase cases[] = {{1, 4, 4, 65, 257, 64, DType::kBFloat16},
+                            {2, 4, 2, 7, 129, 128, DType::kFloat16},
+                            {1, 4, 1, 257, 63, 32, DType::kBFloat16},
+                            {1, 4, 4, 63, 65, 256, DType::kFloat16},
+                            {1, 4, 2, 1, 1000, 72, DType::kBFloat16}};
+  for (const FlexCase& c : cases) {
+    expect_matches_golden("soft_cap", soft_cap, c);
+    expect_matches_golden("alibi", alibi, c);
+    expect_matches_golden("relative position", relative, c);
+    expect_matches_golden("stripes", stripes, c);
+  }
+}
+
+TEST_F(CudaFlashFlex, CapturedTensorsOnTheDeviceAreReadInPlace) {
+  const Tensor table = randn({4, 33}, DType::kBFloat16, 42);
+  const Program host = Program::from_score_mod(sdpa::flex::mods::relative_position(table, 16));
+  const Program device =
+      Program::from_score_mod(sdpa::flex::mods::relative_position(gpu(table), 16));
+  const Tensor q = randn({1, 4, 65, 64}, DType::kBFloat16, 43);
+  const Tensor kv = randn({1, 4, 129, 64}, DType::kBFloat16, 44);
+  sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
+  const Tensor a = cpu(sdpa::flex_attention(gpu(q), gpu(kv), gpu(kv), host).out);
+  const Tensor b = cpu(sdpa::flex_attention(gpu(q), gpu(kv), gpu(kv), device).out);
+  EXPECT_TRUE(bit_identical(a, b));
+}
+
+TEST_F(CudaFlashFlex, AnOutOfRangeCapturedReadIsAnErrorNamingTheTensor) {
+  const sdpa::flex::Captured small("bias_row", randn({10}, DType::kFloat32, 45));
+  const Program mod =
+      Program::from_score_mod([small](const Expr& s, const Expr&, const Expr&, const Expr&,
+                                      const Expr& kv) { return s + Expr(small[kv]); });
+  const Tensor q = randn({1, 2, 16, 64}, DType::kBFloat16, 46);
+  sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
+  const std::string message =
+      error_message([&] { sdpa::flex_attention(gpu(q), gpu(q), gpu(q), mod); });
+  EXPECT_NE(message.find("out of range"), std::string::npos) << message;
+  EXPECT_NE(message.find("bias_row"), std::string::npos) << message;
+}
+
+TEST_F(CudaFlashFlex, WithoutTheSwitchTheCheckSaysWhy) {
+  unsetenv("SDPA_CUDA_FLASH_FLEX");
+  const Tensor q = gpu(randn({1, 2, 16, 64}, DType::kBFloat16, 47));
+  sdpa::SDPAOptions o;
+  const Program mod = Program::from_score_mod(sdpa::flex::mods::soft_cap(2.0));
+  sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
+  const std::string message = error_message([&] { sdpa::flex_attention(q, q, q, mod); });
+  EXPECT_NE(message.find("SDPA_CUDA_FLASH_FLEX=1"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace sdpa_test
