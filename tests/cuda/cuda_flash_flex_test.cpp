@@ -4,12 +4,11 @@
 // and skips, with the reason, without one; SetUp enables the path
 // (SDPA_CUDA_FLASH_FLEX=1), which is off by default until these tests have passed on a GPU.
 
-#include <cuda_runtime_api.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <string>
 
+#include "cuda/flash_device.h"
 #include "cuda/nvrtc.h"
 #include "sdpa/cuda.h"
 #include "sdpa/flex_attention.h"
@@ -36,10 +35,7 @@ struct FlexCase {
 class CudaFlashFlex : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!sdpa::cuda::is_available()) GTEST_SKIP() << sdpa::cuda::unavailable_reason();
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-    if (major < 8) GTEST_SKIP() << "FLASH on CUDA needs sm_80 or newer";
+    if (const std::string why = cuda_flash_skip_reason(); !why.empty()) GTEST_SKIP() << why;
     if (!sdpa::cuda::nvrtc_load_error().empty()) GTEST_SKIP() << sdpa::cuda::nvrtc_load_error();
     setenv("SDPA_CUDA_FLASH_FLEX", "1", 1);
   }

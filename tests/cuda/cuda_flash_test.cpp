@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/flash_device.h"
 #include "cuda/native_mask_cases.h"
 #include "sdpa/attn_bias.h"
 #include "sdpa/cuda.h"
@@ -125,10 +126,7 @@ SDPAOptions mask_options(const FlashCase& c, Mask mask) {
 class CudaFlash : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!sdpa::cuda::is_available()) GTEST_SKIP() << sdpa::cuda::unavailable_reason();
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-    if (major < 8) GTEST_SKIP() << "FLASH on CUDA needs sm_80 or newer";
+    if (const std::string why = cuda_flash_skip_reason(); !why.empty()) GTEST_SKIP() << why;
   }
 };
 
