@@ -66,35 +66,30 @@ cudaKernel_t kernel_for(const std::string& cubin, int device, size_t smem) {
   return kernel;
 }
 
+// The launch shape of head-dim tile kHeadDim: dynamic shared memory per block and query
+// rows per block, as forward_kernel's.
+struct LaunchShape {
+  size_t smem;
+  int rows;
+};
+
 template <int kHeadDim>
-size_t smem_bytes(DType dtype) {
-  return dtype == DType::kFloat16 ? flash::forward_smem_bytes<__half, kHeadDim>()
-                                  : flash::forward_smem_bytes<__nv_bfloat16, kHeadDim>();
+LaunchShape launch_shape(DType dtype) {
+  return {dtype == DType::kFloat16 ? flash::forward_smem_bytes<__half, kHeadDim>()
+                                   : flash::forward_smem_bytes<__nv_bfloat16, kHeadDim>(),
+          flash::ForwardTile<kHeadDim>::kRows};
 }
 
-size_t smem_for(DType dtype, int tile) {
+LaunchShape launch_shape(DType dtype, int tile) {
   switch (tile) {
     case 32:
-      return smem_bytes<32>(dtype);
+      return launch_shape<32>(dtype);
     case 64:
-      return smem_bytes<64>(dtype);
+      return launch_shape<64>(dtype);
     case 128:
-      return smem_bytes<128>(dtype);
+      return launch_shape<128>(dtype);
     default:
-      return smem_bytes<256>(dtype);
-  }
-}
-
-int rows_per_block(int tile) {
-  switch (tile) {
-    case 32:
-      return flash::ForwardTile<32>::kRows;
-    case 64:
-      return flash::ForwardTile<64>::kRows;
-    case 128:
-      return flash::ForwardTile<128>::kRows;
-    default:
-      return flash::ForwardTile<256>::kRows;
+      return launch_shape<256>(dtype);
   }
 }
 
@@ -134,9 +129,10 @@ void flex_flash_forward(const AttentionParams& p, flash::ForwardArgs a, int tile
   const std::string unit = flash::flex_forward_unit(&program, nullptr, p.dtype, tile);
   const int arch = compute_capability(p.device.index);
   const CompiledModule module = compile_cubin(unit, arch, {"-I" + cuda_include_dir()});
-  const size_t smem = smem_for(p.dtype, tile);
+  const LaunchShape shape = launch_shape(p.dtype, tile);
   // The runtime launches a library's kernel handle passed as the function.
-  const auto kernel = reinterpret_cast<const void*>(kernel_for(module.cubin, p.device.index, smem));
+  const auto kernel =
+      reinterpret_cast<const void*>(kernel_for(module.cubin, p.device.index, shape.smem));
 
   // Captured tensors on the call's device (host ones copied for this call), described as
   // the generated code reads them; the descriptors and the failure record go in one
@@ -168,11 +164,10 @@ void flex_flash_forward(const AttentionParams& p, flash::ForwardArgs a, int tile
   a.flex_status = base + described_bytes;
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
-  const int rows = rows_per_block(tile);
-  const int64_t blocks = (a.q_len + rows - 1) / rows * p.batch * p.num_heads_q;
+  const int64_t blocks = (a.q_len + shape.rows - 1) / shape.rows * p.batch * p.num_heads_q;
   void* args[] = {&a};
   detail::check(cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)),
-                                 dim3(flash::ForwardTile<32>::kThreads), args, smem, stream),
+                                 dim3(flash::ForwardTile<32>::kThreads), args, shape.smem, stream),
                 "cudaLaunchKernel (FLASH flex unit)");
   FlexStatus status{};
   detail::check(

@@ -56,13 +56,24 @@ void launch(const ForwardArgs& args, int64_t batch_heads, cudaStream_t stream) {
   detail::check_launch("FLASH forward kernel (cuda)");
 }
 
+// The head-dim tile serving E and Ev: both are padded up to it.
+int head_dim_tile(const ForwardArgs& args) {
+  const int d = std::max(args.head_dim, args.head_dim_v);
+  return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 256;
+}
+
 template <typename T>
 void launch_for_head_dim(const ForwardArgs& args, int64_t batch_heads, cudaStream_t stream) {
-  const int d = std::max(args.head_dim, args.head_dim_v);
-  if (d <= 32) return launch<T, 32>(args, batch_heads, stream);
-  if (d <= 64) return launch<T, 64>(args, batch_heads, stream);
-  if (d <= 128) return launch<T, 128>(args, batch_heads, stream);
-  launch<T, 256>(args, batch_heads, stream);
+  switch (head_dim_tile(args)) {
+    case 32:
+      return launch<T, 32>(args, batch_heads, stream);
+    case 64:
+      return launch<T, 64>(args, batch_heads, stream);
+    case 128:
+      return launch<T, 128>(args, batch_heads, stream);
+    default:
+      return launch<T, 256>(args, batch_heads, stream);
+  }
 }
 
 }  // namespace
@@ -107,10 +118,7 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   }
   a.dense = math::device_dense_mask(p, dense_owner);
 
-  if (p.mask.score_mod) {
-    const int64_t d = std::max(p.head_dim_qk, p.head_dim_vo);
-    return flex_flash_forward(p, a, d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 256);
-  }
+  if (p.mask.score_mod) return flex_flash_forward(p, a, flash::head_dim_tile(a));
   const int64_t batch_heads = p.batch * p.num_heads_q;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.dtype == DType::kFloat16) {
