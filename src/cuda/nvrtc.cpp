@@ -201,7 +201,8 @@ CompiledModule compile_cubin(const std::string& source, int arch,
   MemoryCache& memory = memory_cache();
   {
     std::lock_guard lock(memory.mu);
-    if (auto it = memory.cubins.find(key); it != memory.cubins.end()) return {it->second, true};
+    if (auto it = memory.cubins.find(key); it != memory.cubins.end())
+      return {it->second, true, key};
   }
   const std::string path = cache_file(key);
   std::string cubin = path.empty() ? "" : read_file(path);
@@ -212,7 +213,7 @@ CompiledModule compile_cubin(const std::string& source, int arch,
   }
   std::lock_guard lock(memory.mu);
   memory.cubins.emplace(key, cubin);
-  return {cubin, from_disk};
+  return {cubin, from_disk, key};
 }
 
 std::string cuda_include_dir() {

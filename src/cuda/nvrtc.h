@@ -25,6 +25,7 @@ std::string nvrtc_cache_dir();
 struct CompiledModule {
   std::string cubin;   ///< the ELF image for cuModuleLoadData
   bool from_cache = false;  ///< found in memory or on disk (not compiled by this call)
+  uint64_t key = 0;         ///< the cache key (source, options, architecture, NVRTC version)
 };
 
 /// Compiles `source` for compute capability `arch` (80 for sm_80, 90 for sm_90a's

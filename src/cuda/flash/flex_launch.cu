@@ -12,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/fnv.h"
 #include "cuda/flash/flash.h"
 #include "cuda/flash/flex_unit.h"
 #include "cuda/flash/forward_kernel.cuh"
@@ -42,19 +41,17 @@ struct FlexStatus {
 
 // The entry point of a unit's CUBIN, loaded once per (CUBIN, device) and allowed `smem`
 // bytes of dynamic shared memory there; libraries stay loaded for the process.
-cudaKernel_t kernel_for(const std::string& cubin, int device, size_t smem) {
+cudaKernel_t kernel_for(const CompiledModule& module, int device, size_t smem) {
   static std::mutex mu;
   static auto* loaded = new std::map<std::pair<uint64_t, int>, cudaKernel_t>;
-  sdpa::detail::Fnv1a hash;
-  hash.bytes(cubin);
   std::lock_guard lock(mu);
-  cudaKernel_t& kernel = (*loaded)[{hash.value, device}];
+  cudaKernel_t& kernel = (*loaded)[{module.key, device}];
   if (kernel == nullptr) {
     cudaLibrary_t library = nullptr;
     cudaKernel_t found = nullptr;
-    detail::check(
-        cudaLibraryLoadData(&library, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
-        "cudaLibraryLoadData (FLASH flex unit)");
+    detail::check(cudaLibraryLoadData(&library, module.cubin.data(), nullptr, nullptr, 0, nullptr,
+                                      nullptr, 0),
+                  "cudaLibraryLoadData (FLASH flex unit)");
     detail::check(cudaLibraryGetKernel(&found, library, flash::kFlexForwardEntry),
                   "cudaLibraryGetKernel (FLASH flex unit)");
     detail::check(
@@ -131,8 +128,7 @@ void flex_flash_forward(const AttentionParams& p, flash::ForwardArgs a, int tile
   const CompiledModule module = compile_cubin(unit, arch, {"-I" + cuda_include_dir()});
   const LaunchShape shape = launch_shape(p.dtype, tile);
   // The runtime launches a library's kernel handle passed as the function.
-  const auto kernel =
-      reinterpret_cast<const void*>(kernel_for(module.cubin, p.device.index, shape.smem));
+  const auto kernel = reinterpret_cast<const void*>(kernel_for(module, p.device.index, shape.smem));
 
   // Captured tensors on the call's device (host ones copied for this call), described as
   // the generated code reads them; the descriptors and the failure record go in one

@@ -12,8 +12,8 @@ namespace {
 
 // The embedded sources without their includes of each other (they come in dependency
 // order) and without #pragma once (one file here).
-std::string kernel_sources_for_unit() {
-  std::istringstream in(flash_kernel_sources());
+std::string strip_includes(const char* sources) {
+  std::istringstream in(sources);
   std::string text, line;
   while (std::getline(in, line)) {
     if (line.rfind("#include \"cuda/", 0) == 0 || line.rfind("#pragma once", 0) == 0) continue;
@@ -53,10 +53,11 @@ std::string flex_forward_unit(const flex::Program* score_mod, const flex::Progra
   SDPA_CHECK(
       head_dim_tile == 32 || head_dim_tile == 64 || head_dim_tile == 128 || head_dim_tile == 256,
       "flex_forward_unit: head_dim_tile must be 32, 64, 128 or 256, got ", head_dim_tile);
+  static const std::string kernel_sources = strip_includes(flash_kernel_sources());
   const char* element = dtype == DType::kFloat16 ? "__half" : "__nv_bfloat16";
   std::ostringstream unit;
   unit << flex_translation_unit(score_mod, mask_mod, /*with_gradient=*/false) << '\n'
-       << kernel_sources_for_unit() << kHooks << '\n'
+       << kernel_sources << kHooks << '\n'
        << "extern \"C\" __global__ void __launch_bounds__(sdpa::cuda::flash::ForwardTile<"
        << head_dim_tile << ">::kThreads)\n    " << kFlexForwardEntry
        << "(const sdpa::cuda::flash::ForwardArgs a) {\n"
