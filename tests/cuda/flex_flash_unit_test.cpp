@@ -97,6 +97,35 @@ TEST_F(FlexFlashUnit, TheUnitInstantiatesTheKernelWithTheProgramsHooks) {
   EXPECT_NE(unit.find("tanhf"), std::string::npos) << "the soft-cap's tanh";
 }
 
+TEST_F(FlexFlashUnit, ModulesAreFoundByProgramStructure) {
+  using sdpa::cuda::flash::flex_forward_module;
+  namespace mods = sdpa::flex::mods;
+  const Program soft_cap = Program::from_score_mod(mods::soft_cap(30.0));
+  const sdpa::cuda::CompiledModule& first =
+      flex_forward_module(&soft_cap, nullptr, DType::kBFloat16, 64, 80);
+  EXPECT_FALSE(first.from_cache) << "this test's cache folder starts empty";
+  // A program traced again with the same structure finds the same module.
+  const Program retraced = Program::from_score_mod(mods::soft_cap(30.0));
+  EXPECT_EQ(&flex_forward_module(&retraced, nullptr, DType::kBFloat16, 64, 80), &first);
+  // Its text is what compile_cubin keyed the module by.
+  EXPECT_EQ(sdpa::cuda::compile_cubin(flex_forward_unit(&retraced, nullptr, DType::kBFloat16, 64),
+                                      80, {"-I" + include_dir_})
+                .key,
+            first.key);
+  // Another constant, dtype, tile, architecture or a mask_mod is another unit.
+  const Program other_cap = Program::from_score_mod(mods::soft_cap(20.0));
+  const Program causal = Program::from_mask_mod(mods::causal());
+  for (const sdpa::cuda::CompiledModule* other :
+       {&flex_forward_module(&other_cap, nullptr, DType::kBFloat16, 64, 80),
+        &flex_forward_module(&soft_cap, nullptr, DType::kFloat16, 64, 80),
+        &flex_forward_module(&soft_cap, nullptr, DType::kBFloat16, 32, 80),
+        &flex_forward_module(&soft_cap, nullptr, DType::kBFloat16, 64, 90),
+        &flex_forward_module(&soft_cap, &causal, DType::kBFloat16, 64, 80)}) {
+    EXPECT_NE(other, &first);
+    EXPECT_NE(other->key, first.key);
+  }
+}
+
 TEST(FlexFlashUnitArguments, OtherDtypesAndTilesAreErrorsNamingTheArgument) {
   EXPECT_NE(error_message([] {
               flex_forward_unit(nullptr, nullptr, DType::kFloat32, 64);

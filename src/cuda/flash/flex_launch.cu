@@ -123,9 +123,8 @@ std::string flex_flash_unavailable() {
 void flex_flash_forward(const AttentionParams& p, flash::ForwardArgs a, int tile) {
   const flex::Program& program = *p.mask.score_mod;
   const std::vector<flex::Captured>& captured = program.captured();
-  const std::string unit = flash::flex_forward_unit(&program, nullptr, p.dtype, tile);
-  const int arch = compute_capability(p.device.index);
-  const CompiledModule module = compile_cubin(unit, arch, {"-I" + cuda_include_dir()});
+  const CompiledModule& module = flash::flex_forward_module(&program, nullptr, p.dtype, tile,
+                                                            compute_capability(p.device.index));
   const LaunchShape shape = launch_shape(p.dtype, tile);
   // The runtime launches a library's kernel handle passed as the function.
   const auto kernel = reinterpret_cast<const void*>(kernel_for(module, p.device.index, shape.smem));

@@ -2,7 +2,10 @@
 
 #include "cuda/flash/flex_unit.h"
 
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "cuda/flex_codegen.h"
 #include "sdpa/error.h"
@@ -44,6 +47,15 @@ struct GeneratedFlex {
 }  // namespace sdpa::cuda::flash
 )";
 
+// What selects one compiled unit: the programs' structures (0 for an absent one; is_mask
+// is part of a program's hash), the unit's dtype and tile, and the architecture. The
+// headers' folder is looked up (a file system probe) only when a unit compiles.
+using ModuleKey = std::tuple<uint64_t, uint64_t, DType, int, int>;
+
+uint64_t structure(const flex::Program* program) {
+  return program == nullptr ? 0 : program->structural_hash();
+}
+
 }  // namespace
 
 std::string flex_forward_unit(const flex::Program* score_mod, const flex::Program* mask_mod,
@@ -64,6 +76,26 @@ std::string flex_forward_unit(const flex::Program* score_mod, const flex::Progra
        << "  sdpa::cuda::flash::forward_body<" << element << ", " << head_dim_tile
        << ", sdpa::cuda::flash::GeneratedFlex>(a);\n}\n";
   return unit.str();
+}
+
+const CompiledModule& flex_forward_module(const flex::Program* score_mod,
+                                          const flex::Program* mask_mod, DType dtype,
+                                          int head_dim_tile, int arch) {
+  static std::mutex mu;
+  // Modules stay for the process (as the kernels loaded from them); map nodes do not move.
+  static auto* modules = new std::map<ModuleKey, CompiledModule>;
+  ModuleKey key{structure(score_mod), structure(mask_mod), dtype, head_dim_tile, arch};
+  {
+    std::lock_guard lock(mu);
+    if (auto it = modules->find(key); it != modules->end()) return it->second;
+  }
+  // Compiled outside the lock: a second thread asking for the same unit meanwhile compiles
+  // it too (or finds it in compile_cubin's cache), and the first result stays.
+  CompiledModule module =
+      compile_cubin(flex_forward_unit(score_mod, mask_mod, dtype, head_dim_tile), arch,
+                    {"-I" + cuda_include_dir()});
+  std::lock_guard lock(mu);
+  return modules->try_emplace(std::move(key), std::move(module)).first->second;
 }
 
 }  // namespace sdpa::cuda::flash

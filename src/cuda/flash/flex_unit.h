@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "cuda/nvrtc.h"
 #include "sdpa/flex.h"
 #include "sdpa/tensor.h"
 
@@ -31,5 +32,16 @@ const char* flash_kernel_sources();
 /// tile.
 std::string flex_forward_unit(const flex::Program* score_mod, const flex::Program* mask_mod,
                               DType dtype, int head_dim_tile);
+
+/// flex_forward_unit(score_mod, mask_mod, dtype, head_dim_tile) compiled by compile_cubin
+/// for compute capability `arch` with the CUDA headers' folder (cuda_include_dir() when the
+/// unit first compiles) on the include path, kept for the process under the programs'
+/// structural hashes (flex::Program::structural_hash: operations, constants, captured
+/// tensors' dtypes and shapes). After the first call for a structure, a re-traced program
+/// of that structure is a map lookup: no unit text is built or hashed and no CUBIN copied.
+/// Throws as flex_forward_unit and compile_cubin.
+const CompiledModule& flex_forward_module(const flex::Program* score_mod,
+                                          const flex::Program* mask_mod, DType dtype,
+                                          int head_dim_tile, int arch);
 
 }  // namespace sdpa::cuda::flash
