@@ -165,7 +165,7 @@ class Emitter {
       for (int32_t a : code_.code[i].args) live[static_cast<size_t>(a)] = true;
     }
     const ValueType type = code_.code[static_cast<size_t>(result)].type;
-    os_ << "__device__ __noinline__ " << c_type(type) << ' ' << name
+    os_ << "__device__ __forceinline__ " << c_type(type) << ' ' << name
         << "(float score, long long b, long long h, long long q_idx, long long kv_idx,\n"
         << "    const SdpaCapturedTensor* captured, SdpaFlexStatus* status) {\n"
         << "  const SdpaAt at{b, h, q_idx, kv_idx, status};\n"
@@ -205,11 +205,12 @@ flex::CompiledProgram with_slots_of(const flex::CompiledProgram& code,
 }
 
 const char* kIdentityFunctions[] = {
-    "__device__ __noinline__ float sdpa_score_mod(float score, long long, long long, long long,\n"
+    "__device__ __forceinline__ float sdpa_score_mod(float score, long long, long long, long "
+    "long,\n"
     "    long long, const SdpaCapturedTensor*, SdpaFlexStatus*) {\n  return score;\n}\n\n",
-    "__device__ __noinline__ float sdpa_score_mod_grad(float, long long, long long, long long,\n"
+    "__device__ __forceinline__ float sdpa_score_mod_grad(float, long long, long long, long long,\n"
     "    long long, const SdpaCapturedTensor*, SdpaFlexStatus*) {\n  return 1.0f;\n}\n\n",
-    "__device__ __noinline__ bool sdpa_mask_mod(float, long long, long long, long long,\n"
+    "__device__ __forceinline__ bool sdpa_mask_mod(float, long long, long long, long long,\n"
     "    long long, const SdpaCapturedTensor*, SdpaFlexStatus*) {\n  return true;\n}\n\n",
 };
 

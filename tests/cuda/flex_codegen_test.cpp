@@ -130,7 +130,7 @@ TEST_F(FlexCodegen, TheGeneratedCodeFollowsTheCpuSemantics) {
   EXPECT_NE(f.find("sdpa_floor_mod(at, "), std::string::npos) << f;
   EXPECT_NE(f.find(" < "), std::string::npos) << f;
   EXPECT_NE(f.find("0x1.99999ap-4f"), std::string::npos) << f;  // 0.1f
-  EXPECT_NE(f.find("__device__ __noinline__ float f("), std::string::npos) << f;
+  EXPECT_NE(f.find("__device__ __forceinline__ float f("), std::string::npos) << f;
   // Absent programs are identities.
   const std::string none = sdpa::cuda::flex_translation_unit(nullptr, nullptr, true);
   EXPECT_NE(none.find("return score;"), std::string::npos);
