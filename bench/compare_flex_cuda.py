@@ -10,13 +10,17 @@ score_mods, the same Python function for both libraries:
              -inf) (slopes 2^(-8 (h+1) / H); no BlockMask, so every block is computed by
              both libraries; sdpa runs the backward of captured-tensor score_mods on cuDNN
              only when they end in such a mask select)
+  document   no score_mod; a BlockMask of the mask_mod doc[q_idx] == doc[kv_idx] over
+             documents of random lengths (each library builds its own, once per shape)
 
 Contenders on identical random inputs, forward and forward+backward:
 
-  sdpa-flex     sdpa.flex.flex_attention (traced per call; CUDNN_ATTENTION expected)
+  sdpa-flex     sdpa.flex.flex_attention (traced per call; the backend sdpa selects)
   torch-flex    torch.compile(torch.nn.attention.flex_attention.flex_attention)
   sdpa-plain    sdpa.scaled_dot_product_attention without a score_mod (the score_mod's
-                overhead on sdpa's cuDNN path is sdpa-plain time / sdpa-flex time)
+                overhead on sdpa's default path is sdpa-plain time / sdpa-flex time)
+  sdpa-flash    sdpa.flex.flex_attention on sdpa's own CUDA FLASH kernel compiled by
+                NVRTC with the programs (SDPA_CUDA_FLASH_FLEX=1), forward only
 
 Timing as bench/compare_torch_cuda.py (CUDA events, L2 flushed, median). sdpa's output is
 checked against torch-flex's first. Also times sdpa.flex.create_block_mask for a causal
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -62,7 +67,36 @@ def make_mods(heads: int) -> dict:
         return torch.where(q_idx >= kv_idx, score - slopes[h] * (q_idx - kv_idx),
                            -float("inf"))
 
-    return {"soft_cap": soft_cap, "alibi": alibi}
+    return {"soft_cap": soft_cap, "alibi": alibi, "document": None}
+
+
+def document_masks(l: int) -> tuple:
+    """torch's and sdpa's BlockMask of documents of random lengths (8 to l/4 tokens) over a
+    sequence of l, for every batch row and head."""
+    generator = torch.Generator().manual_seed(l)
+    lengths = []
+    while sum(lengths) < l:
+        lengths.append(int(torch.randint(8, max(9, l // 4), (1,), generator=generator)))
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[:l]
+    doc_cuda = doc.to("cuda")
+
+    def torch_mask(b, h, q_idx, kv_idx):
+        return doc_cuda[q_idx] == doc_cuda[kv_idx]
+
+    def sdpa_mask(b, h, q_idx, kv_idx):
+        return doc[q_idx] == doc[kv_idx]
+
+    from torch.nn.attention.flex_attention import create_block_mask as torch_block_mask
+    return (torch_block_mask(torch_mask, None, None, l, l, device="cuda"),
+            sdpa.flex.create_block_mask(sdpa_mask, None, None, l, l))
+
+
+def flash(fn):
+    """fn run with sdpa's CUDA FLASH kernel as the only backend."""
+    def run(*args):
+        with sdpa.sdpa_kernel(sdpa.SDPBackend.FLASH_ATTENTION):
+            return fn(*args)
+    return run
 
 
 def run_shape(e: int, l: int, warmup_ms: float, rep_ms: float) -> list[dict]:
@@ -78,15 +112,24 @@ def run_shape(e: int, l: int, warmup_ms: float, rep_ms: float) -> list[dict]:
 
     flops = 4.0 * b * HEADS * l * l * e
     rows = []
+    torch_docs, sdpa_docs = document_masks(l)
     for mod_name, mod in make_mods(HEADS).items():
         # A fresh compilation per shape and mod: past torch.compile's recompile limit
         # (8 by default) flex_attention silently runs unfused and tens of times slower.
         torch._dynamo.reset()
         compiled = torch.compile(torch_flex, dynamic=False)
+        torch_mask, sdpa_mask = (torch_docs, sdpa_docs) if mod_name == "document" else (None,
+                                                                                        None)
+
+        def sdpa_flex(x, y, z, mod=mod, sdpa_mask=sdpa_mask):
+            return sdpa.flex.flex_attention(x, y, z, score_mod=mod, block_mask=sdpa_mask)
+
         fns = {
-            "sdpa-flex": lambda x, y, z: sdpa.flex.flex_attention(x, y, z, score_mod=mod),
-            "torch-flex": lambda x, y, z: compiled(x, y, z, score_mod=mod),
+            "sdpa-flex": sdpa_flex,
+            "torch-flex": lambda x, y, z, mod=mod, mask=torch_mask: compiled(
+                x, y, z, score_mod=mod, block_mask=mask),
             "sdpa-plain": lambda x, y, z: sdpa.scaled_dot_product_attention(x, y, z),
+            "sdpa-flash": flash(sdpa_flex),
         }
         agreement = None
         try:
@@ -100,6 +143,8 @@ def run_shape(e: int, l: int, warmup_ms: float, rep_ms: float) -> list[dict]:
             backend = sdpa.explain(q, k, v).chosen.name
         for name, fn in fns.items():
             for passes, count in (("fwd", flops), ("fwd+bwd", 3.5 * flops)):
+                if name == "sdpa-flash" and passes != "fwd":
+                    continue  # the CUDA FLASH kernels have no backward yet
                 row = {"mod": mod_name, "impl": name, "passes": passes, "B": b, "H": HEADS,
                        "L": l, "E": e, "agreement": agreement, "ms": None, "tflops": None,
                        "error": None, "plain_backend": backend}
@@ -141,16 +186,23 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         by_case.setdefault((r["mod"], r["E"], r["L"], r["passes"]), {})[r["impl"]] = r
     print("| score_mod | E | L | B | pass | sdpa-flex ms | torch-flex ms | sdpa-plain ms "
-          "| sdpa-flex / torch-flex | score_mod overhead | agreement |")
-    print("|:---|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|")
+          "| sdpa-flash ms | sdpa-flex / torch-flex | sdpa-flash / torch-flex "
+          "| score_mod overhead | agreement |")
+    print("|:---|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (mod, e, l, passes), impls in by_case.items():
         s, t, p = impls["sdpa-flex"], impls["torch-flex"], impls["sdpa-plain"]
-        speedup = t["ms"] / s["ms"] if s["ms"] and t["ms"] else None
-        overhead = s["ms"] / p["ms"] if s["ms"] and p["ms"] else None
+        f = impls.get("sdpa-flash", {"ms": None, "error": None, "impl": "sdpa-flash"})
+
+        def speedup(r):
+            return t["ms"] / r["ms"] if r["ms"] and t["ms"] else None
+
+        # The document rows have a BlockMask, not a score_mod: no overhead to speak of.
+        overhead = s["ms"] / p["ms"] if s["ms"] and p["ms"] and mod != "document" else None
         print(f"| {mod} | {e} | {l} | {s['B']} | {passes} | {fmt(s['ms'], '.3f')} "
-              f"| {fmt(t['ms'], '.3f')} | {fmt(p['ms'], '.3f')} | {fmt(speedup, '.2f')} "
+              f"| {fmt(t['ms'], '.3f')} | {fmt(p['ms'], '.3f')} | {fmt(f['ms'], '.3f')} "
+              f"| {fmt(speedup(s), '.2f')} | {fmt(speedup(f), '.2f')} "
               f"| {fmt(overhead, '.2f')} | {fmt(s['agreement'], '.1e')} |")
-        for r in (s, t, p):
+        for r in (s, t, p, f):
             if r["error"]:
                 print(f"|   {r['impl']} {passes}: {r['error']} |")
 
@@ -164,6 +216,9 @@ def main() -> int:
         reason = sdpa.cuda.unavailable_reason() or "torch sees no CUDA device"
         print(f"compare_flex_cuda: skipped, no usable GPU ({reason})")
         return 0
+    # sdpa's CUDA FLASH kernel takes flex programs only with this switch until its tests
+    # have passed on a GPU (docs/cuda.md).
+    os.environ["SDPA_CUDA_FLASH_FLEX"] = "1"
     gpu = torch.cuda.get_device_name(0)
     print(f"GPU: {gpu}; {sdpa.cuda.device_description(0)}; torch {torch.__version__}; "
           f"sdpa {sdpa.__version__}; bfloat16, H={HEADS}, B*L={TOKENS}\n")

@@ -227,9 +227,11 @@ struct KvBlocks {
 
 /// A BlockMask from block lists instead of a mask_mod: the blocks `blocks` lists as
 /// partial run mask_mod when there is one and are kept whole when not; full blocks skip
-/// it; all others are empty. The q-side transposes are derived. Throws sdpa::Error for
-/// shapes that disagree with (q_len, kv_len) and the block sizes, a count above the
-/// number of kv blocks, an index out of range, or a block listed twice.
+/// it; all others are empty. The q-side transposes are derived. The lists are CPU
+/// tensors; mask_mod may capture tensors of the device the calls run on (checked by each
+/// call). Throws sdpa::Error for lists off the CPU, shapes that disagree with (q_len,
+/// kv_len) and the block sizes, a count above the number of kv blocks, an index out of
+/// range, or a block listed twice.
 BlockMask block_mask_from_kv_blocks(const KvBlocks& blocks, int64_t q_len, int64_t kv_len,
                                     int64_t q_block_size, int64_t kv_block_size,
                                     std::optional<Program> mask_mod = std::nullopt);

@@ -118,3 +118,34 @@ def test_explain_names_cudnn_for_a_score_mod_and_the_reason_for_a_gather():
     with sdpa.sdpa_kernel(sdpa.SDPBackend.CUDNN_ATTENTION):
         with pytest.raises(sdpa.Error, match="no gather"):
             flex_attention(q, q, q, score_mod=relative)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", list(FORWARD_TOL), ids=str)
+def test_torch_block_masks_on_cuda_flash_match_float64(dtype, monkeypatch):
+    # sdpa's own CUDA FLASH kernel compiled by NVRTC with the mask_mod (and a score_mod),
+    # its tiles skipped by the block lists of torch's create_block_mask.
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    monkeypatch.setenv("SDPA_CUDA_FLASH_FLEX", "1")
+    L, S, E = 257, 300, 64
+    doc = torch.arange(S) // 37
+
+    def documents(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    doc_cuda = doc.cuda()
+    torch_mask = create_block_mask(
+        lambda b, h, q_idx, kv_idx: (doc_cuda[q_idx] == doc_cuda[kv_idx]) & (q_idx >= kv_idx),
+        None, None, L, S, device="cuda", BLOCK_SIZE=(128, 64))
+    q = torch.randn(2, 4, L, E, device="cuda").to(dtype)
+    k, v = (torch.randn(2, 2, S, E, device="cuda").to(dtype) for _ in range(2))
+    for score_mod in (None, _soft_cap):
+        with sdpa.sdpa_kernel(sdpa.SDPBackend.FLASH_ATTENTION):
+            out = flex_attention(q, k, v, score_mod=score_mod, block_mask=torch_mask,
+                                 enable_gqa=True)
+        cpu_mask = sdpa.flex.create_block_mask(documents, None, None, L, S, BLOCK_SIZE=(128, 64))
+        expected = flex_attention(*(x.cpu().double() for x in (q, k, v)), score_mod=score_mod,
+                                  block_mask=cpu_mask, enable_gqa=True)
+        assert out.is_cuda and out.dtype == dtype
+        assert _error(out, expected) <= FORWARD_TOL[dtype]

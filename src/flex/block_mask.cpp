@@ -217,11 +217,16 @@ BlockMask block_mask_from_kv_blocks(const KvBlocks& blocks, int64_t q_len, int64
              "kv_num_blocks and kv_indices");
   SDPA_CHECK(blocks.full_num.defined() == blocks.full_indices.defined(), "from_kv_blocks: "
              "expected both full_kv_num_blocks and full_kv_indices, or neither");
+  for (const Tensor* t : {&blocks.num, &blocks.indices, &blocks.full_num, &blocks.full_indices}) {
+    SDPA_CHECK(!t->defined() || t->device().type == DeviceType::kCPU,
+               "from_kv_blocks: expected block lists on cpu, got ", device_name(t->device()));
+  }
   SDPA_CHECK(q_len >= 0 && kv_len >= 0, "from_kv_blocks: expected non-negative Q_LEN and "
              "KV_LEN, got ", q_len, " and ", kv_len);
-  SDPA_CHECK(q_block_size >= 1 && kv_block_size >= 1, "from_kv_blocks: expected BLOCK_SIZE "
-             ">= 1, got (", q_block_size, ", ", kv_block_size, ")");
-  if (mask_mod) require_captured_on(*mask_mod, Device{}, "a BlockMask's mask_mod (on the CPU)");
+  SDPA_CHECK(q_block_size >= 1 && kv_block_size >= 1,
+             "from_kv_blocks: expected BLOCK_SIZE "
+             ">= 1, got (",
+             q_block_size, ", ", kv_block_size, ")");
   SDPA_CHECK(!mask_mod || mask_mod->is_mask(), "from_kv_blocks: expected a mask_mod program, "
              "got a score_mod");
   SDPA_CHECK(blocks.num.dim() == 3 && blocks.num.size(0) >= 1 && blocks.num.size(1) >= 1,

@@ -28,6 +28,9 @@ void add_flex(AttentionParams& p, const std::optional<flex::Program>& score_mod,
                ", got ", m.batch);
     SDPA_CHECK(m.num_heads == 1 || m.num_heads == p.num_heads_q, "block_mask: expected heads 1 "
                "or ", p.num_heads_q, ", got ", m.num_heads);
+    // Its mask_mod runs where the call does (lists made elsewhere, e.g. torch's on a GPU,
+    // may capture tensors of that device).
+    if (m.mask_mod) flex::require_captured_on(*m.mask_mod, p.device, "the call");
     p.mask.block_mask = std::make_shared<const flex::BlockMask>(m);
   }
 }

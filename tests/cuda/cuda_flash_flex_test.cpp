@@ -1,12 +1,14 @@
-// Flex score_mods on CUDA FLASH (the kernel compiled by NVRTC with the program,
-// cuda/flash/flex_unit.h) against the float64 CPU flex golden, with the tolerance the
-// naive CPU MATH run in the tested dtype sets. Every test needs a GPU of sm_80 or newer
-// and skips, with the reason, without one; SetUp enables the path
-// (SDPA_CUDA_FLASH_FLEX=1), which is off by default until these tests have passed on a GPU.
+// Flex score_mods and BlockMasks on CUDA FLASH (the kernel compiled by NVRTC with the
+// programs, cuda/flash/flex_unit.h) against the float64 CPU flex golden, with the
+// tolerance the naive CPU MATH run in the tested dtype sets. Every test needs a GPU of sm_80 or
+// newer and skips, with the reason, without one; SetUp enables the path (SDPA_CUDA_FLASH_FLEX=1),
+// which is off by default until these tests have passed on a GPU.
 
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "cuda/flash_device.h"
 #include "cuda/nvrtc.h"
@@ -41,10 +43,11 @@ class CudaFlashFlex : public ::testing::Test {
   }
   void TearDown() override { unsetenv("SDPA_CUDA_FLASH_FLEX"); }
 
-  // Runs `mod` (captured tensors on the host) forward on CUDA FLASH and checks out and lse
-  // against the CPU's MATH in float64.
-  static void expect_matches_golden(const std::string& name, const Program& mod,
-                                    const FlexCase& c) {
+  // Runs `mod` and `block_mask` (either may be absent; captured tensors on the host)
+  // forward on CUDA FLASH and checks out and lse against the CPU's MATH in float64.
+  static void expect_matches_golden(const std::string& name, const std::optional<Program>& mod,
+                                    const FlexCase& c,
+                                    const sdpa::flex::BlockMask* block_mask = nullptr) {
     SCOPED_TRACE(name + " L" + std::to_string(c.q_len) + " S" + std::to_string(c.kv_len) + " E" +
                  std::to_string(c.head_dim) + " Hq/Hkv " + std::to_string(c.heads_q) + "/" +
                  std::to_string(c.heads_kv) + " " + std::string(sdpa::dtype_name(c.dtype)));
@@ -56,12 +59,12 @@ class CudaFlashFlex : public ::testing::Test {
     sdpa::AttentionResult golden, naive, tested;
     {
       sdpa::sdpa_kernel only(SDPBackend::MATH);
-      golden = sdpa::flex_attention(f64(q), f64(k), f64(v), mod, nullptr, o);
-      naive = sdpa::flex_attention(q, k, v, mod, nullptr, o);
+      golden = sdpa::flex_attention(f64(q), f64(k), f64(v), mod, block_mask, o);
+      naive = sdpa::flex_attention(q, k, v, mod, block_mask, o);
     }
     {
       sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
-      tested = sdpa::flex_attention(gpu(q), gpu(k), gpu(v), mod, nullptr, o);
+      tested = sdpa::flex_attention(gpu(q), gpu(k), gpu(v), mod, block_mask, o);
     }
     EXPECT_EQ(tested.backend, SDPBackend::FLASH_ATTENTION);
     EXPECT_TRUE(close_to_golden("out", cpu(tested.out), golden.out, naive.out, c.dtype));
@@ -96,6 +99,113 @@ TEST_F(CudaFlashFlex, StandardModsMatchTheGoldenOnOddSizes) {
     expect_matches_golden("relative position", relative, c);
     expect_matches_golden("stripes", stripes, c);
   }
+}
+
+// BlockMasks: tile skipping by the block lists, the mask_mod on partial blocks only, with
+// and without a score_mod, several block sizes, rows without any key.
+TEST_F(CudaFlashFlex, BlockMasksMatchTheGoldenOnOddSizes) {
+  using sdpa::flex::BlockMask;
+  using sdpa::flex::create_block_mask;
+  namespace mods = sdpa::flex::mods;
+  const Program soft_cap = Program::from_score_mod(mods::soft_cap(2.0));
+  Tensor ids = Tensor::empty({1000}, DType::kInt64);
+  for (int64_t i = 0; i < 1000; ++i) ids.data<int64_t>()[i] = i / 77 + (i > 500 ? 3 : 0);
+  const Program documents = Program::from_mask_mod(mods::document(ids));
+  const Program window = Program::from_mask_mod(mods::sliding_window(70));
+  const Program prefix = Program::from_mask_mod(mods::prefix_lm(100));
+  // Causal with whole rows of every seventh query masked (out 0, lse -inf).
+  const Program holes =
+      Program::from_mask_mod([](const Expr&, const Expr&, const Expr& q, const Expr& kv) {
+        return (q % Expr(7) != Expr(3)) && (kv <= q);
+      });
+  struct MaskCase {
+    const char* name;
+    const Program* mask_mod;
+    int64_t q_block, kv_block;
+  };
+  const MaskCase masks[] = {{"documents", &documents, 128, 128},
+                            {"window", &window, 64, 64},
+                            {"prefix-LM", &prefix, 128, 64},
+                            {"holes", &holes, 64, 192}};
+  const FlexCase cases[] = {{1, 4, 4, 257, 300, 64, DType::kBFloat16},
+                            {2, 4, 2, 65, 1000, 128, DType::kFloat16},
+                            {1, 4, 1, 129, 63, 32, DType::kBFloat16},
+                            {1, 2, 2, 200, 257, 256, DType::kFloat16}};
+  for (const FlexCase& c : cases) {
+    for (const MaskCase& m : masks) {
+      const BlockMask block_mask = create_block_mask(*m.mask_mod, c.batch, c.heads_q, c.q_len,
+                                                     c.kv_len, m.q_block, m.kv_block);
+      expect_matches_golden(m.name, std::nullopt, c, &block_mask);
+      expect_matches_golden(std::string(m.name) + " + soft_cap", soft_cap, c, &block_mask);
+    }
+  }
+}
+
+// A BlockMask of block lists without a mask_mod: listed partial blocks count whole, the
+// others are empty, rows of q blocks without any list have no key.
+TEST_F(CudaFlashFlex, BlockListsWithoutAMaskModMatchTheGolden) {
+  const int64_t q_len = 300, kv_len = 333, q_block = 128, kv_block = 64;
+  const int64_t nq = 3, nkv = 6;
+  sdpa::flex::KvBlocks lists;
+  lists.num = Tensor::zeros({1, 2, nq}, DType::kInt32);
+  lists.indices = Tensor::zeros({1, 2, nq, nkv}, DType::kInt32);
+  lists.full_num = Tensor::zeros({1, 2, nq}, DType::kInt32);
+  lists.full_indices = Tensor::zeros({1, 2, nq, nkv}, DType::kInt32);
+  // Head 0: q block 0 has kv blocks 1 and 4 partial, 5 (the short last block) full; q block
+  // 1 only full block 0; q block 2 none. Head 1: every kv block of every q block partial.
+  const auto set = [](Tensor& t, std::vector<int64_t> at, int32_t value) {
+    int64_t offset = 0;
+    for (size_t d = 0; d < at.size(); ++d) offset += at[d] * t.stride(static_cast<int64_t>(d));
+    t.data<int32_t>()[offset] = value;
+  };
+  set(lists.num, {0, 0, 0}, 2);
+  set(lists.indices, {0, 0, 0, 0}, 1);
+  set(lists.indices, {0, 0, 0, 1}, 4);
+  set(lists.full_num, {0, 0, 0}, 1);
+  set(lists.full_indices, {0, 0, 0, 0}, 5);
+  set(lists.full_num, {0, 0, 1}, 1);
+  for (int64_t qb = 0; qb < nq; ++qb) {
+    set(lists.num, {0, 1, qb}, static_cast<int32_t>(nkv));
+    for (int64_t kb = 0; kb < nkv; ++kb)
+      set(lists.indices, {0, 1, qb, kb}, static_cast<int32_t>(kb));
+  }
+  const sdpa::flex::BlockMask block_mask =
+      sdpa::flex::block_mask_from_kv_blocks(lists, q_len, kv_len, q_block, kv_block, std::nullopt);
+  expect_matches_golden("block lists", std::nullopt, {1, 2, 2, q_len, kv_len, 64, DType::kBFloat16},
+                        &block_mask);
+}
+
+TEST_F(CudaFlashFlex, BlockSizesOutsideTheTilesAreRefusedWithTheReason) {
+  const Program causal = Program::from_mask_mod(sdpa::flex::mods::causal());
+  const sdpa::flex::BlockMask block_mask = sdpa::flex::create_block_mask(causal, 1, 2, 96, 96, 48);
+  const Tensor q = gpu(randn({1, 2, 96, 64}, DType::kBFloat16, 48));
+  sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
+  const std::string message =
+      error_message([&] { sdpa::flex_attention(q, q, q, std::nullopt, &block_mask); });
+  EXPECT_NE(message.find("BLOCK_SIZE multiples of (64, 64) at this head dim, got (48, 48)"),
+            std::string::npos)
+      << message;
+}
+
+TEST_F(CudaFlashFlex, AnOutOfRangeReadOfTheMaskModIsAnErrorNamingIt) {
+  const sdpa::flex::Captured small("allowed", Tensor::full({10}, 1.0, DType::kInt64));
+  const Program mask_mod =
+      Program::from_mask_mod([small](const Expr&, const Expr&, const Expr& q, const Expr& kv) {
+        return Expr(small[kv]) > Expr(0) || q < kv;
+      });
+  // Evaluated on the CPU only where interval analysis cannot keep its reads in bounds:
+  // built from lists instead, so the GPU meets the bad read first.
+  sdpa::flex::KvBlocks lists;
+  lists.num = Tensor::full({1, 1, 1}, 1.0, DType::kInt32);
+  lists.indices = Tensor::zeros({1, 1, 1, 1}, DType::kInt32);
+  const sdpa::flex::BlockMask block_mask =
+      sdpa::flex::block_mask_from_kv_blocks(lists, 16, 16, 64, 64, mask_mod);
+  const Tensor q = gpu(randn({1, 2, 16, 64}, DType::kBFloat16, 49));
+  sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
+  const std::string message =
+      error_message([&] { sdpa::flex_attention(q, q, q, std::nullopt, &block_mask); });
+  EXPECT_NE(message.find("flex mask_mod: index"), std::string::npos) << message;
+  EXPECT_NE(message.find("'allowed'"), std::string::npos) << message;
 }
 
 TEST_F(CudaFlashFlex, CapturedTensorsOnTheDeviceAreReadInPlace) {

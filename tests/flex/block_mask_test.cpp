@@ -477,6 +477,11 @@ TEST(FlexBlockMask, FromKvBlocksRoundTripsAndKeepsListedBlocksWhole) {
   EXPECT_NE(error({num.slice(2, 0, 4), idx, {}, {}}).find("expected kv_num_blocks of shape [1, 2, 5]"),
             std::string::npos);
   EXPECT_NE(error({counts, idx, counts, {}}).find("or neither"), std::string::npos);
+  // Lists are read on the host: a device tensor is refused before any read.
+  const Tensor on_gpu = Tensor::from_blob(counts.data_ptr(), counts.sizes(), counts.strides(),
+                                          DType::kInt32, sdpa::Device{sdpa::DeviceType::kCUDA, 0});
+  EXPECT_NE(error({on_gpu, idx, {}, {}}).find("expected block lists on cpu, got cuda:0"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ class BlockMask:
         """torch's BlockMask.from_kv_blocks: a BlockMask from kv-side block lists (any
         array with __dlpack__): kv_num_blocks [B, H, q_blocks] and kv_indices [B, H,
         q_blocks, n] (the first count entries of a row name its partial kv blocks, in any
-        order), optional full_* lists of the same shapes. Partial blocks run ``mask_mod``
+        order), optional full_* lists of the same shapes; torch lists on a GPU are copied
+        to the CPU, other arrays must be there. Partial blocks run ``mask_mod``
         (without one they are kept whole), full blocks skip it. seq_lengths defaults to
         (q_blocks * q block, n * kv block). ``compute_q_blocks`` is accepted for torch
         compatibility: the q-side lists are always derived. Raises sdpa.Error for bad
@@ -43,6 +44,10 @@ class BlockMask:
             seq_lengths = (kv_indices.shape[-2] * q_block, kv_indices.shape[-1] * kv_block)
         program = None if mask_mod is None or mask_mod is noop_mask else \
             trace(mask_mod, is_mask=True)[0]
+        if _convert.is_torch_tensor(kv_num_blocks):  # lists are read on the CPU
+            kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices = (
+                _host(t) for t in (kv_num_blocks, kv_indices, full_kv_num_blocks,
+                                   full_kv_indices))
         cpp = _C.block_mask_from_kv_blocks(kv_num_blocks, kv_indices, full_kv_num_blocks,
                                            full_kv_indices, int(seq_lengths[0]),
                                            int(seq_lengths[1]), q_block, kv_block, program)
@@ -177,15 +182,17 @@ def create_block_mask(mask_mod: Callable, B: Optional[int], H: Optional[int], Q_
     return BlockMask(cpp, mask_mod, B, H, torch_arrays)
 
 
-def _contiguous(t: Any) -> Any:
-    return None if t is None else t.contiguous()
+def _host(t: Any) -> Any:
+    """A torch list as sdpa reads block lists: on the CPU, contiguous."""
+    return None if t is None else t.cpu().contiguous()
 
 
 def as_block_mask(block_mask: Any) -> Optional[BlockMask]:
     """An sdpa BlockMask for flex_attention's argument: None, an sdpa BlockMask, or a
     torch.nn.attention.flex_attention.BlockMask, taken over with its own block lists,
     sizes and block size and its traced mask_mod (torch's noop_mask, the mask of one
-    made from block indices alone, is left out: its listed blocks are kept whole).
+    made from block indices alone, is left out: its listed blocks are kept whole). Lists
+    on a GPU are copied to the CPU; the mask_mod may read tensors of the call's device.
     Raises TypeError for other objects."""
     if block_mask is None or isinstance(block_mask, BlockMask):
         return block_mask
@@ -196,8 +203,8 @@ def as_block_mask(block_mask: Any) -> Optional[BlockMask]:
         mask_mod = None if block_mask.mask_mod is torch_noop else block_mask.mask_mod
         # A B or H of 1 in torch's lists broadcasts, as in sdpa's.
         return BlockMask.from_kv_blocks(
-            block_mask.kv_num_blocks.contiguous(), block_mask.kv_indices.contiguous(),
-            _contiguous(block_mask.full_kv_num_blocks), _contiguous(block_mask.full_kv_indices),
+            block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+            block_mask.full_kv_indices,
             BLOCK_SIZE=tuple(block_mask.BLOCK_SIZE), mask_mod=mask_mod,
             seq_lengths=tuple(block_mask.seq_lengths))
     raise TypeError(f"block_mask: expected an sdpa.BlockMask (sdpa.create_block_mask), got "

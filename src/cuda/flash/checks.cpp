@@ -1,10 +1,11 @@
 // What the CUDA FLASH kernels accept (flash.h): float16 / bfloat16 on sm_80+, head dims
 // multiples of 8 up to 256, rows 16-byte aligned with a contiguous last dimension, every
-// native mask part, flex score_mods behind SDPA_CUDA_FLASH_FLEX=1 (flex_launch.cu); no
-// BlockMasks, paged or float8 caches, dropout or backward yet.
+// native mask part, flex score_mods and BlockMasks behind SDPA_CUDA_FLASH_FLEX=1
+// (flex_launch.cu); no paged or float8 caches, dropout or backward yet.
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -13,6 +14,7 @@
 
 #include "cuda/flash/flash.h"
 #include "cuda/status.h"
+#include "sdpa/flex.h"
 
 namespace sdpa::cuda {
 
@@ -72,7 +74,7 @@ bool flash_supports(const AttentionParams& p, Reasons& r) {
   }
   constexpr int64_t kInt32 = std::numeric_limits<int32_t>::max();
   if (p.q_len >= kInt32 || p.kv_len >= kInt32 ||
-      (p.q_len + 63) / 64 * p.batch * p.num_heads_q >= kInt32) {
+      (p.q_len + kFlashBlockRows - 1) / kFlashBlockRows * p.batch * p.num_heads_q >= kInt32) {
     refuse("size: FLASH on CUDA indexes rows and blocks in int32");
   }
   if (ok && !(rows_aligned(p.q) && rows_aligned(p.k) && rows_aligned(p.v))) {
@@ -80,19 +82,28 @@ bool flash_supports(const AttentionParams& p, Reasons& r) {
         "layout: FLASH on CUDA needs q, k and v with a contiguous last dimension and rows "
         "on 16-byte boundaries (strides multiples of 8 elements)");
   }
-  if (p.mask.block_mask) {
-    refuse("flex: BlockMasks do not run in the CUDA FLASH kernels yet (cuDNN serves some)");
-  }
-  if (p.mask.score_mod) {
+  if (p.mask.score_mod || p.mask.block_mask) {
     if (!flex_flash_enabled()) {
       refuse(
-          "flex: score_mods in the CUDA FLASH kernels have not run on a GPU yet; "
+          "flex: score_mods and BlockMasks in the CUDA FLASH kernels have not run on a GPU yet; "
           "SDPA_CUDA_FLASH_FLEX=1 enables them (cuDNN serves most)");
     } else if (!p.mask.alibi_slopes.empty() || p.mask.dense_kind != DenseMaskKind::kNone) {
       refuse(
-          "flex: a score_mod beside ALiBi or an attn_mask does not run in the CUDA FLASH kernels");
+          "flex: a score_mod or BlockMask beside ALiBi or an attn_mask does not run in the CUDA "
+          "FLASH kernels");
     } else if (const std::string why = flex_flash_unavailable(); !why.empty()) {
       refuse("flex: " + why);
+    }
+  }
+  if (const flex::BlockMask* m = p.mask.block_mask.get(); m != nullptr && ok) {
+    // A block of query rows lies in one q block, a key tile in one kv block (as torch's
+    // flex kernels require of their tiles).
+    const int64_t keys = flash_key_tile(std::max(p.head_dim_qk, p.head_dim_vo));
+    if (m->q_block_size % kFlashBlockRows != 0 || m->kv_block_size % keys != 0) {
+      refuse("block_mask: the CUDA FLASH kernels take BLOCK_SIZE multiples of (",
+             std::to_string(kFlashBlockRows), ", ", std::to_string(keys),
+             ") at this head dim, got (", std::to_string(m->q_block_size), ", ",
+             std::to_string(m->kv_block_size), ")");
     }
   }
   if (p.kv_pages || p.kv_dequant) {

@@ -12,12 +12,18 @@ namespace sdpa::cuda {
 /// Largest head dim (E and Ev) the CUDA FLASH kernels take; both must be multiples of 8.
 inline constexpr int64_t kFlashMaxHeadDim = 256;
 
+/// Query rows per block of the CUDA FLASH forward, and keys per tile for head dims
+/// (max of E and Ev) up to `head_dim` (forward_kernel.cuh's ForwardTile; forward.cu checks
+/// that they agree).
+inline constexpr int64_t kFlashBlockRows = 64;
+constexpr int64_t flash_key_tile(int64_t head_dim) { return head_dim <= 128 ? 64 : 32; }
+
 /// The compute capability of CUDA device `device` as major * 10 + minor (0 when unknown),
 /// read once per device.
 int compute_capability(int device);
 
-/// Whether flex score_mods may run in the CUDA FLASH kernels: SDPA_CUDA_FLASH_FLEX=1,
-/// until the path has run on a GPU (docs/cuda.md).
+/// Whether flex programs (score_mods, BlockMasks) may run in the CUDA FLASH kernels:
+/// SDPA_CUDA_FLASH_FLEX=1, until the path has run on a GPU (docs/cuda.md).
 bool flex_flash_enabled();
 
 /// "" when flex units can be compiled here (NVRTC loads and the CUDA headers are found),
@@ -36,12 +42,15 @@ namespace flash {
 struct ForwardArgs;
 }
 
-/// The forward of a call with a flex score_mod: the NVRTC unit of the kernel with the
-/// program (cuda/flash/flex_unit.h) for params.dtype and head-dim tile `head_dim_tile`,
-/// compiled (or found in the cache) for the device, launched with `args` (prepared by
-/// flash_forward). Captured host tensors are copied to the device for the call; an
-/// out-of-range captured read or an integer division by zero in the program is an
-/// sdpa::Error after the launch (which then waits for the stream).
+/// The forward of a call with a flex score_mod and / or BlockMask: the NVRTC unit of the
+/// kernel with the score_mod and the BlockMask's mask_mod (cuda/flash/flex_unit.h) for
+/// params.dtype and head-dim tile `head_dim_tile`, compiled (or found in the cache) for
+/// the device, launched with `args` (prepared by flash_forward). The BlockMask's lists
+/// drive tile skipping: each block of query rows visits only the kv blocks its q block
+/// lists, and runs the mask_mod only on partial ones. Captured host tensors and the lists
+/// are copied to the device for the call; an out-of-range captured read or an integer
+/// division by zero in a program is an sdpa::Error after the launch (which then waits for
+/// the stream).
 void flex_flash_forward(const AttentionParams& params, flash::ForwardArgs args, int head_dim_tile);
 
 }  // namespace sdpa::cuda

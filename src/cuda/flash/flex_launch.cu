@@ -1,6 +1,7 @@
-// Host side of the CUDA FLASH forward with a flex score_mod (flash.h): the program's unit
-// compiled by NVRTC, loaded with the runtime's library API, launched with the program's
-// captured tensors and a failure record the host reads back.
+// Host side of the CUDA FLASH forward with a flex score_mod and / or BlockMask (flash.h):
+// the programs' unit compiled by NVRTC, loaded with the runtime's library API, launched
+// with the programs' captured tensors, the BlockMask's lists and failure records the host
+// reads back.
 
 #include <cuda_runtime.h>
 
@@ -38,6 +39,13 @@ struct FlexStatus {
   long long index;
   long long b, h, q_idx, kv_idx;
 };
+
+// `t` on the call's device: in place when it is there (and contiguous unless `any_strides`),
+// else a contiguous copy ordered on the call's stream.
+Tensor on_device(const Tensor& t, const AttentionParams& p, bool any_strides) {
+  const bool here = t.device().type == DeviceType::kCUDA && t.device().index == p.device.index;
+  return here && (any_strides || t.is_contiguous()) ? t : to_device(t, p.device, p.stream);
+}
 
 // The entry point of a unit's CUBIN, loaded once per (CUBIN, device) and allowed `smem`
 // bytes of dynamic shared memory there; libraries stay loaded for the process.
@@ -90,19 +98,71 @@ LaunchShape launch_shape(DType dtype, int tile) {
   }
 }
 
-std::string failure_message(const FlexStatus& s, const std::vector<flex::Captured>& captured) {
+// The error of a failure record of `program` ("score_mod" or "mask_mod").
+std::string failure_message(const char* program, const FlexStatus& s,
+                            const std::vector<flex::Captured>& captured) {
   const std::string where = " (b=" + std::to_string(s.b) + ", h=" + std::to_string(s.h) +
                             ", q_idx=" + std::to_string(s.q_idx) +
                             ", kv_idx=" + std::to_string(s.kv_idx) + ")";
-  if (s.code == 2) return "flex score_mod: integer division by zero" + where;
+  const std::string what = std::string("flex ") + program + ": ";
+  if (s.code == 2) return what + "integer division by zero" + where;
   const bool known = s.slot >= 0 && static_cast<size_t>(s.slot) < captured.size();
   const std::string name = known ? captured[static_cast<size_t>(s.slot)].name() : "?";
   const std::string size =
       known && s.dim >= 0 && s.dim < captured[static_cast<size_t>(s.slot)].tensor().dim()
           ? std::to_string(captured[static_cast<size_t>(s.slot)].tensor().size(s.dim))
           : "?";
-  return "flex score_mod: index " + std::to_string(s.index) + " is out of range for dimension " +
+  return what + "index " + std::to_string(s.index) + " is out of range for dimension " +
          std::to_string(s.dim) + " of captured tensor '" + name + "' (size " + size + ")" + where;
+}
+
+// A program's captured tensors on the call's device (host ones copied for this call; kept
+// alive in `keep`), described as the generated code reads them.
+std::vector<CapturedTensor> describe(const char* program,
+                                     const std::vector<flex::Captured>& captured,
+                                     const AttentionParams& p, std::vector<Tensor>& keep) {
+  std::vector<CapturedTensor> described(captured.size());
+  for (size_t i = 0; i < captured.size(); ++i) {
+    const Tensor& t = captured[i].tensor();
+    SDPA_CHECK(t.dim() <= 8, "flex ", program, ": captured tensor '", captured[i].name(), "' has ",
+               t.dim(), " dimensions; at most 8 on CUDA");
+    keep.push_back(on_device(t, p, /*any_strides=*/true));
+    CapturedTensor& d = described[i];
+    d = {};
+    d.data = keep.back().data_ptr();
+    d.dim = static_cast<int>(t.dim());
+    for (int64_t k = 0; k < t.dim(); ++k) {
+      d.sizes[k] = keep.back().size(k);
+      d.strides[k] = keep.back().stride(k);
+    }
+  }
+  return described;
+}
+
+// The BlockMask's lists on the call's device, into `a` (kept alive in `keep`).
+void add_block_lists(const flex::BlockMask& m, flash::ForwardArgs& a, const AttentionParams& p,
+                     std::vector<Tensor>& keep) {
+  const int64_t nq = m.num_q_blocks(), nkv = m.num_kv_blocks();
+  const auto list = [&](const Tensor& t, const char* name, bool indices) {
+    const Shape expected =
+        indices ? Shape{m.batch, m.num_heads, nq, nkv} : Shape{m.batch, m.num_heads, nq};
+    SDPA_CHECK(t.defined() && t.dtype() == DType::kInt32 && t.sizes() == expected,
+               "block_mask: ", name, " must be int32 of shape ", shape_str(expected), ", got ",
+               t.defined() ? std::string(dtype_name(t.dtype())) + " " + shape_str(t.sizes())
+                           : std::string("none"));
+    keep.push_back(on_device(t, p, /*any_strides=*/false));
+    return keep.back().data<int32_t>();
+  };
+  a.kv_num_blocks = list(m.kv_num_blocks, "kv_num_blocks", false);
+  a.kv_indices = list(m.kv_indices, "kv_indices", true);
+  a.full_kv_num_blocks = list(m.full_kv_num_blocks, "full_kv_num_blocks", false);
+  a.full_kv_indices = list(m.full_kv_indices, "full_kv_indices", true);
+  a.block_batches = static_cast<int>(m.batch);
+  a.block_heads = static_cast<int>(m.num_heads);
+  a.num_q_blocks = static_cast<int>(nq);
+  a.num_kv_blocks = static_cast<int>(nkv);
+  a.q_block_size = static_cast<int>(m.q_block_size);
+  a.kv_block_size = static_cast<int>(m.kv_block_size);
 }
 
 }  // namespace
@@ -121,42 +181,39 @@ std::string flex_flash_unavailable() {
 }
 
 void flex_flash_forward(const AttentionParams& p, flash::ForwardArgs a, int tile) {
-  const flex::Program& program = *p.mask.score_mod;
-  const std::vector<flex::Captured>& captured = program.captured();
-  const CompiledModule& module = flash::flex_forward_module(&program, nullptr, p.dtype, tile,
+  const flex::Program* score_mod = p.mask.score_mod.get();
+  const flex::BlockMask* block_mask = p.mask.block_mask.get();
+  const flex::Program* mask_mod =
+      block_mask != nullptr && block_mask->mask_mod ? &*block_mask->mask_mod : nullptr;
+  static const std::vector<flex::Captured> kNone;
+  const std::vector<flex::Captured>& score_captured = score_mod ? score_mod->captured() : kNone;
+  const std::vector<flex::Captured>& mask_captured = mask_mod ? mask_mod->captured() : kNone;
+  const CompiledModule& module = flash::flex_forward_module(score_mod, mask_mod, p.dtype, tile,
                                                             compute_capability(p.device.index));
   const LaunchShape shape = launch_shape(p.dtype, tile);
   // The runtime launches a library's kernel handle passed as the function.
   const auto kernel = reinterpret_cast<const void*>(kernel_for(module, p.device.index, shape.smem));
 
-  // Captured tensors on the call's device (host ones copied for this call), described as
-  // the generated code reads them; the descriptors and the failure record go in one
-  // device buffer.
+  // The programs' tensor descriptors and their two failure records in one device buffer.
   std::vector<Tensor> keep;
-  std::vector<CapturedTensor> described(captured.size());
-  for (size_t i = 0; i < captured.size(); ++i) {
-    const Tensor& t = captured[i].tensor();
-    SDPA_CHECK(t.dim() <= 8, "flex score_mod: captured tensor '", captured[i].name(), "' has ",
-               t.dim(), " dimensions; at most 8 on CUDA");
-    const bool here = t.device().type == DeviceType::kCUDA && t.device().index == p.device.index;
-    keep.push_back(here ? t : to_device(t, p.device, p.stream));
-    CapturedTensor& d = described[i];
-    d = {};
-    d.data = keep.back().data_ptr();
-    d.dim = static_cast<int>(t.dim());
-    for (int64_t k = 0; k < t.dim(); ++k) {
-      d.sizes[k] = keep.back().size(k);
-      d.strides[k] = keep.back().stride(k);
-    }
-  }
-  const size_t described_bytes = described.size() * sizeof(CapturedTensor);
+  const std::vector<CapturedTensor> score_described =
+      describe("score_mod", score_captured, p, keep);
+  const std::vector<CapturedTensor> mask_described = describe("mask_mod", mask_captured, p, keep);
+  const size_t score_bytes = score_described.size() * sizeof(CapturedTensor);
+  const size_t mask_bytes = mask_described.size() * sizeof(CapturedTensor);
+  const size_t status_at = score_bytes + mask_bytes;
   Tensor host =
-      Tensor::zeros({static_cast<int64_t>(described_bytes + sizeof(FlexStatus))}, DType::kBool);
-  if (described_bytes > 0) std::memcpy(host.data_ptr(), described.data(), described_bytes);
+      Tensor::zeros({static_cast<int64_t>(status_at + 2 * sizeof(FlexStatus))}, DType::kBool);
+  auto* bytes = static_cast<unsigned char*>(host.data_ptr());
+  if (score_bytes > 0) std::memcpy(bytes, score_described.data(), score_bytes);
+  if (mask_bytes > 0) std::memcpy(bytes + score_bytes, mask_described.data(), mask_bytes);
   const Tensor device = to_device(host, p.device, p.stream);
   auto* base = static_cast<unsigned char*>(device.data_ptr());
-  a.score_mod_captured = described.empty() ? nullptr : base;
-  a.flex_status = base + described_bytes;
+  a.score_mod_captured = score_bytes > 0 ? base : nullptr;
+  a.mask_mod_captured = mask_bytes > 0 ? base + score_bytes : nullptr;
+  a.score_mod_status = base + status_at;
+  a.mask_mod_status = base + status_at + sizeof(FlexStatus);
+  if (block_mask != nullptr) add_block_lists(*block_mask, a, p, keep);
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
   const int64_t blocks = (a.q_len + shape.rows - 1) / shape.rows * p.batch * p.num_heads_q;
@@ -164,12 +221,13 @@ void flex_flash_forward(const AttentionParams& p, flash::ForwardArgs a, int tile
   detail::check(cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)),
                                  dim3(flash::ForwardTile<32>::kThreads), args, shape.smem, stream),
                 "cudaLaunchKernel (FLASH flex unit)");
-  FlexStatus status{};
+  FlexStatus status[2]{};
   detail::check(
-      cudaMemcpyAsync(&status, a.flex_status, sizeof(status), cudaMemcpyDeviceToHost, stream),
+      cudaMemcpyAsync(status, a.score_mod_status, sizeof(status), cudaMemcpyDeviceToHost, stream),
       "cudaMemcpyAsync (FLASH flex status)");
   detail::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (FLASH flex status)");
-  SDPA_CHECK(status.code == 0, failure_message(status, captured));
+  SDPA_CHECK(status[1].code == 0, failure_message("mask_mod", status[1], mask_captured));
+  SDPA_CHECK(status[0].code == 0, failure_message("score_mod", status[0], score_captured));
 }
 
 }  // namespace sdpa::cuda

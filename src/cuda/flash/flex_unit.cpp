@@ -36,12 +36,12 @@ struct GeneratedFlex {
                                 int j) {
     return sdpa_score_mod(score, b, h, i, j,
                           static_cast<const SdpaCapturedTensor*>(a.score_mod_captured),
-                          static_cast<SdpaFlexStatus*>(a.flex_status));
+                          static_cast<SdpaFlexStatus*>(a.score_mod_status));
   }
   __device__ static bool keep(const ForwardArgs& a, int64_t b, int64_t h, int i, int j) {
     return sdpa_mask_mod(0.0f, b, h, i, j,
                          static_cast<const SdpaCapturedTensor*>(a.mask_mod_captured),
-                         static_cast<SdpaFlexStatus*>(a.flex_status));
+                         static_cast<SdpaFlexStatus*>(a.mask_mod_status));
   }
 };
 }  // namespace sdpa::cuda::flash

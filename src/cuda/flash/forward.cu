@@ -56,6 +56,11 @@ void launch(const ForwardArgs& args, int64_t batch_heads, cudaStream_t stream) {
   detail::check_launch("FLASH forward kernel (cuda)");
 }
 
+static_assert(ForwardTile<64>::kRows == kFlashBlockRows &&
+              ForwardTile<256>::kRows == kFlashBlockRows);
+static_assert(ForwardTile<128>::kKeys == flash_key_tile(128) &&
+              ForwardTile<256>::kKeys == flash_key_tile(256));
+
 // The head-dim tile serving E and Ev: both are padded up to it.
 int head_dim_tile(const ForwardArgs& args) {
   const int d = std::max(args.head_dim, args.head_dim_v);
@@ -118,7 +123,8 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   }
   a.dense = math::device_dense_mask(p, dense_owner);
 
-  if (p.mask.score_mod) return flex_flash_forward(p, a, flash::head_dim_tile(a));
+  if (p.mask.score_mod || p.mask.block_mask)
+    return flex_flash_forward(p, a, flash::head_dim_tile(a));
   const int64_t batch_heads = p.batch * p.num_heads_q;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.dtype == DType::kFloat16) {

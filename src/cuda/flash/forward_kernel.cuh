@@ -8,9 +8,12 @@
 // Masks come from the call's native descriptor: each query row keeps one interval of keys
 // (bands by index arithmetic, or per-row bounds for documents / padding / other frames);
 // tiles outside every row's interval are never loaded and tiles inside all of them skip
-// the per-element test. ALiBi and a dense mask (bool or additive) apply per element.
+// the per-element test. ALiBi and a dense mask (bool or additive) apply per element. In a
+// flex unit, a BlockMask's block lists narrow the tiles further (key_tiles.cuh) and the
+// mask_mod runs only in its partial blocks.
 
 #include "cuda/device_types.cuh"
+#include "cuda/flash/key_tiles.cuh"
 #include "cuda/flash/mma.cuh"
 
 namespace sdpa::cuda::flash {
@@ -39,11 +42,23 @@ struct ForwardArgs {
   int64_t alibi_offset;
   math::DenseMask dense;
   /// A flex call's captured tensors of the score_mod and of the mask_mod
-  /// (SdpaCapturedTensor[], device memory) and the launch's failure record
+  /// (SdpaCapturedTensor[], device memory) and the failure records of each
   /// (SdpaFlexStatus, cuda/flex_codegen.h); null without them.
   const void* score_mod_captured;
   const void* mask_mod_captured;
-  void* flex_status;
+  void* score_mod_status;
+  void* mask_mod_status;
+  /// A flex call's BlockMask (flex units only; null kv_num_blocks: none): device copies of
+  /// its int32 lists (kv_num_blocks [Bm, Hm, q blocks], kv_indices [Bm, Hm, q blocks, kv
+  /// blocks], and the full_ pair), Bm and Hm 1 (broadcast) or B and Hq. q_block_size is a
+  /// multiple of ForwardTile::kRows and kv_block_size of ForwardTile::kKeys, so a block's
+  /// rows lie in one q block and a key tile in one kv block.
+  const int32_t* kv_num_blocks;
+  const int32_t* kv_indices;
+  const int32_t* full_kv_num_blocks;
+  const int32_t* full_kv_indices;
+  int block_batches, block_heads, num_q_blocks, num_kv_blocks;
+  int q_block_size, kv_block_size;
 };
 
 /// The flex hooks of forward_body for calls without a flex program: scores pass unchanged
@@ -109,6 +124,24 @@ __device__ inline void row_keys(const ForwardArgs& a, int64_t b, int i, int& lo,
   l = min(max(l, int64_t{0}), int64_t{a.kv_len});
   lo = static_cast<int>(l);
   hi = static_cast<int>(max(min(h, int64_t{a.kv_len}), l));
+}
+
+/// The key tiles [first, end) (first a multiple of kKeys) of the block of rows from i0 of
+/// (b, h), narrowed to the call's BlockMask where it has one.
+template <int kKeys, bool kLists>
+__device__ inline KeyTiles<kKeys, kLists> key_tiles(const ForwardArgs& a, int64_t b, int64_t h,
+                                                    int i0, int first, int end) {
+  if (!kLists || a.kv_num_blocks == nullptr || first >= end) {
+    return KeyTiles<kKeys, kLists>::range(first, end);
+  }
+  const int64_t row =
+      ((a.block_batches > 1 ? b : 0) * a.block_heads + (a.block_heads > 1 ? h : 0)) *
+          a.num_q_blocks +
+      i0 / a.q_block_size;
+  const int64_t n = a.num_kv_blocks;
+  return KeyTiles<kKeys, kLists>::listed_blocks(
+      first, end, a.kv_indices + row * n, a.kv_num_blocks[row], a.full_kv_indices + row * n,
+      a.full_kv_num_blocks[row], a.num_kv_blocks, a.kv_block_size);
 }
 
 /// The additive terms (ALiBi, dense) of score (b, h, i, j), in natural-log units; -inf
@@ -186,14 +219,15 @@ __device__ __forceinline__ void forward_body(const ForwardArgs& a) {
     atomicMin(&block_min_hi, hi[n]);
   }
   __syncthreads();
-  const int first_key = block_lo < block_hi ? block_lo / kKeys * kKeys : 0;
-  const int end_key = block_lo < block_hi ? block_hi : 0;
+  KeyTiles<kKeys, Flex::kActive> tiles = key_tiles<kKeys, Flex::kActive>(
+      a, b, h, i0, block_lo < block_hi ? block_lo / kKeys * kKeys : 0,
+      block_lo < block_hi ? block_hi : 0);
 
   load_tile<T, kHeadDim, kRows>(sq, q, a.q_stride[2], min(kRows, a.q_len - i0), a.head_dim);
   commit_async_copies();
-  if (first_key < end_key) {
-    load_tile<T, kHeadDim, kKeys>(sk, k + first_key * a.k_stride[2], a.k_stride[2],
-                                  min(kKeys, a.kv_len - first_key), a.head_dim);
+  if (!tiles.done()) {
+    load_tile<T, kHeadDim, kKeys>(sk, k + tiles.j0 * a.k_stride[2], a.k_stride[2],
+                                  min(kKeys, a.kv_len - tiles.j0), a.head_dim);
   }
   commit_async_copies();
 
@@ -204,7 +238,8 @@ __device__ __forceinline__ void forward_body(const ForwardArgs& a) {
     m[n] = -INFINITY;
     l[n] = 0.f;
   }
-  for (int j0 = first_key; j0 < end_key; j0 += kKeys) {
+  while (!tiles.done()) {
+    const int j0 = tiles.j0;
     load_tile<T, kHeadDim, kKeys>(sv, v + j0 * a.v_stride[2], a.v_stride[2],
                                   min(kKeys, a.kv_len - j0), a.head_dim_v);
     commit_async_copies();
@@ -233,15 +268,19 @@ __device__ __forceinline__ void forward_body(const ForwardArgs& a) {
       }
     }
     __syncthreads();  // every warp is done with this key tile
-    const bool more = j0 + kKeys < end_key;
+    KeyTiles<kKeys, Flex::kActive> following = tiles;
+    following.next();
+    const bool more = !following.done();
     if (more) {
-      load_tile<T, kHeadDim, kKeys>(sk, k + (j0 + kKeys) * a.k_stride[2], a.k_stride[2],
-                                    min(kKeys, a.kv_len - j0 - kKeys), a.head_dim);
+      load_tile<T, kHeadDim, kKeys>(sk, k + following.j0 * a.k_stride[2], a.k_stride[2],
+                                    min(kKeys, a.kv_len - following.j0), a.head_dim);
       commit_async_copies();
     }
 
-    // Scores in log2 units, masked; full tiles (inside every row's keys) skip the test.
+    // Scores in log2 units, masked; full tiles (inside every row's keys) skip the test,
+    // and tiles of a BlockMask's full blocks the mask_mod.
     const bool full = block_max_lo <= j0 && j0 + kKeys <= block_min_hi;
+    const bool keep_all = tiles.in_full_block();
     const bool per_element = a.alibi_slopes != nullptr || a.dense.kind != 0;
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
@@ -255,7 +294,7 @@ __device__ __forceinline__ void forward_body(const ForwardArgs& a) {
             x = -INFINITY;
           } else if (Flex::kActive && row[n] < a.q_len) {
             // As on the CPU: mask_mod first, then score_mod on the scaled score.
-            x = Flex::keep(a, b, h, row[n], j)
+            x = keep_all || Flex::keep(a, b, h, row[n], j)
                     ? Flex::score(a, s[mt][nt][e] * a.scale, b, h, row[n], j) * kLog2e
                     : -INFINITY;
           } else if (per_element && row[n] < a.q_len) {
@@ -322,6 +361,7 @@ __device__ __forceinline__ void forward_body(const ForwardArgs& a) {
       }
     }
     __syncthreads();  // every warp is done with this value tile
+    tiles = following;
   }
   wait_async_copies<0>();  // a block without keys still queued its query tile
 
