@@ -1,9 +1,12 @@
 // What MATH on CUDA accepts: every dtype, mask kind and dropout; head dims up to 1024;
-// no flex programs (they are evaluated on the CPU only).
-
-#include "cuda/math.h"
+// flex score_mods and BlockMasks in the forward (programs interpreted per element,
+// cuda/flex_interpreter.cuh).
 
 #include <string>
+
+#include "cuda/flex_device_program.h"
+#include "cuda/math.h"
+#include "sdpa/flex.h"
 
 namespace sdpa::cuda {
 
@@ -30,8 +33,22 @@ bool math_supports(const AttentionParams& p, Reasons& r) {
     ok = false;
   }
   if (p.mask.score_mod || p.mask.block_mask) {
-    r.add("flex: score_mod and BlockMask programs run on the CPU only in this build");
-    ok = false;
+    const flex::BlockMask* blocks = p.mask.block_mask.get();
+    std::string why;
+    if (p.backward) {
+      why =
+          "the backward of score_mod and BlockMask programs runs on the CPU only (MATH on "
+          "CUDA runs their forward)";
+    } else if (p.mask.score_mod) {
+      why = interpreter_unsupported(*p.mask.score_mod);
+    }
+    if (why.empty() && blocks != nullptr && blocks->mask_mod) {
+      why = interpreter_unsupported(*blocks->mask_mod);
+    }
+    if (!why.empty()) {
+      r.add("flex: " + why);
+      ok = false;
+    }
   }
   return ok;
 }

@@ -1,8 +1,15 @@
 // MATH forward on CUDA: one block per query row; keys in chunks of kThreads with an
-// online softmax (Milakov & Gimelshein 2018) so no L x S buffer is needed.
+// online softmax (Milakov & Gimelshein 2018) so no L x S buffer is needed. Flex calls
+// (score_mod, BlockMask) run an instantiation that interprets the programs per element.
 
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#include "cuda/flex_device_program.h"
 #include "cuda/math.h"
 #include "cuda/math_device.cuh"
+#include "cuda/math_flex.cuh"
 #include "cuda/math_launch.h"
 #include "cuda/status.h"
 
@@ -10,9 +17,9 @@ namespace sdpa::cuda {
 namespace math {
 namespace {
 
-template <typename T>
+template <typename T, bool kFlex>
 __global__ void __launch_bounds__(kThreads)
-    forward_rows(View<T> q, View<T> k, View<T> v, DenseMask mask, Geometry g, T* out,
+    forward_rows(View<T> q, View<T> k, View<T> v, DenseMask mask, FlexMask flex, Geometry g, T* out,
                  float* lse) {
   using Acc = typename Accumulator<T>::type;
   extern __shared__ unsigned char smem[];
@@ -20,6 +27,8 @@ __global__ void __launch_bounds__(kThreads)
   Acc* p = q_row + g.head_dim;                // kThreads
   Acc* scratch = p + kThreads;                // kThreads / 32
   const int t = threadIdx.x;
+  // The interpreter's registers (flex calls only: a frame this size costs local memory).
+  double values[kFlex ? flex_interp::kMaxInstructions : 1];
   const int64_t rows = g.batch * g.heads_q * g.q_len;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t i = row % g.q_len, h = row / g.q_len % g.heads_q, b = row / g.q_len / g.heads_q;
@@ -36,7 +45,11 @@ __global__ void __launch_bounds__(kThreads)
       Acc s = -INFINITY;
       if (j < g.kv_len) {
         s = dot(q_row, k.row(b, hk, j), k.s3, g.head_dim) * Acc(g.scale);
-        s = apply_mask<T, Acc>(s, mask, g.bands, b, h, i, j);
+        if constexpr (kFlex) {
+          s = apply_flex_mask<T, Acc>(s, mask, g.bands, flex, b, h, i, j, values);
+        } else {
+          s = apply_mask<T, Acc>(s, mask, g.bands, b, h, i, j);
+        }
       }
       const Acc m_new = nan_max(m, block_max(s, scratch));
       if (m_new == Acc(-INFINITY)) continue;  // every key so far is masked out
@@ -74,15 +87,94 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// A flex call's programs, BlockMask states and failure records on the device, alive
+// until the launch has run (the call then reads the records back).
+struct FlexParts {
+  explicit FlexParts(const AttentionParams& p) {
+    const auto* score_mod = p.mask.score_mod.get();
+    const flex::BlockMask* blocks = p.mask.block_mask.get();
+    if (score_mod != nullptr) score_program = DeviceProgram(*score_mod, p.device, p.stream);
+    if (blocks != nullptr && blocks->mask_mod) {
+      mask_program = DeviceProgram(*blocks->mask_mod, p.device, p.stream);
+    }
+    mask.score_mod = score_program.view();
+    mask.mask_mod = mask_program.view();
+    if (blocks != nullptr) {
+      states = to_device(block_states(*blocks), p.device, p.stream);
+      mask.block_states = static_cast<const uint8_t*>(states.data_ptr());
+      mask.block_batches = blocks->batch;
+      mask.block_heads = blocks->num_heads;
+      mask.num_q_blocks = blocks->num_q_blocks();
+      mask.num_kv_blocks = blocks->num_kv_blocks();
+      mask.q_block_size = blocks->q_block_size;
+      mask.kv_block_size = blocks->kv_block_size;
+    }
+    status = to_device(
+        Tensor::zeros({2 * static_cast<int64_t>(sizeof(flex_interp::Status))}, DType::kBool),
+        p.device, p.stream);
+    mask.score_mod_status = static_cast<flex_interp::Status*>(status.data_ptr());
+    mask.mask_mod_status = mask.score_mod_status + 1;
+  }
+
+  // The BlockMask's lists as a state per (q block, kv block): 0 empty, 1 partial, 2 full.
+  static Tensor block_states(const flex::BlockMask& m) {
+    const int64_t nq = m.num_q_blocks(), nkv = m.num_kv_blocks();
+    const int64_t rows = m.batch * m.num_heads * nq;
+    Tensor states = Tensor::zeros({rows * nkv}, DType::kBool);
+    auto* out = static_cast<uint8_t*>(states.data_ptr());
+    for (const auto& [num, indices, state] :
+         {std::tuple{&m.kv_num_blocks, &m.kv_indices, 1},
+          std::tuple{&m.full_kv_num_blocks, &m.full_kv_indices, 2}}) {
+      const Tensor counts = num->contiguous(), lists = indices->contiguous();
+      for (int64_t row = 0; row < rows; ++row) {
+        for (int32_t e = 0; e < counts.data<int32_t>()[row]; ++e) {
+          out[row * nkv + lists.data<int32_t>()[row * nkv + e]] = static_cast<uint8_t>(state);
+        }
+      }
+    }
+    return states;
+  }
+
+  // Raises the first recorded failure (waits for the stream).
+  void check(const AttentionParams& p) const {
+    flex_interp::Status records[2]{};
+    const Tensor host = to_device(status, Device{}, p.stream);
+    std::memcpy(records, host.data_ptr(), sizeof(records));
+    const auto& blocks = p.mask.block_mask;
+    static const std::vector<flex::Captured> kNone;
+    SDPA_CHECK(records[0].code == 0,
+               flex_failure_message("score_mod", records[0],
+                                    p.mask.score_mod ? p.mask.score_mod->captured() : kNone));
+    SDPA_CHECK(
+        records[1].code == 0,
+        flex_failure_message("mask_mod", records[1],
+                             blocks && blocks->mask_mod ? blocks->mask_mod->captured() : kNone));
+  }
+
+  DeviceProgram score_program, mask_program;
+  Tensor states, status;
+  FlexMask mask{};
+};
+
 template <typename T>
 void launch_forward(const AttentionParams& p, const Launch& launch, const Tensor& out,
                     const Tensor& lse) {
   using Acc = typename Accumulator<T>::type;
   const size_t smem = (p.head_dim_qk + kThreads + kThreads / 32) * sizeof(Acc);
-  forward_rows<T><<<launch.grid(p.batch * p.num_heads_q * p.q_len), kThreads, smem,
-                    launch.stream>>>(view<T>(p.q), view<T>(p.k), view<T>(p.v), launch.mask,
-                                     launch.geometry, out.data<T>(), lse.data<float>());
-  detail::check_launch("MATH forward kernel (cuda)");
+  const int grid = launch.grid(p.batch * p.num_heads_q * p.q_len);
+  if (!p.mask.score_mod && !p.mask.block_mask) {
+    forward_rows<T, false><<<grid, kThreads, smem, launch.stream>>>(
+        view<T>(p.q), view<T>(p.k), view<T>(p.v), launch.mask, FlexMask{}, launch.geometry,
+        out.data<T>(), lse.data<float>());
+    detail::check_launch("MATH forward kernel (cuda)");
+    return;
+  }
+  const FlexParts flex(p);
+  forward_rows<T, true><<<grid, kThreads, smem, launch.stream>>>(
+      view<T>(p.q), view<T>(p.k), view<T>(p.v), launch.mask, flex.mask, launch.geometry,
+      out.data<T>(), lse.data<float>());
+  detail::check_launch("MATH forward kernel with flex programs (cuda)");
+  flex.check(p);
 }
 
 }  // namespace
@@ -92,10 +184,18 @@ void math_forward(const AttentionParams& params, const Tensor& out, const Tensor
   detail::DeviceGuard guard(params.device.index);
   const math::Launch launch(params);
   switch (params.dtype) {
-    case DType::kFloat16: math::launch_forward<__half>(params, launch, out, lse); break;
-    case DType::kBFloat16: math::launch_forward<__nv_bfloat16>(params, launch, out, lse); break;
-    case DType::kFloat32: math::launch_forward<float>(params, launch, out, lse); break;
-    default: math::launch_forward<double>(params, launch, out, lse); break;
+    case DType::kFloat16:
+      math::launch_forward<__half>(params, launch, out, lse);
+      break;
+    case DType::kBFloat16:
+      math::launch_forward<__nv_bfloat16>(params, launch, out, lse);
+      break;
+    case DType::kFloat32:
+      math::launch_forward<float>(params, launch, out, lse);
+      break;
+    default:
+      math::launch_forward<double>(params, launch, out, lse);
+      break;
   }
 }
 

@@ -16,6 +16,7 @@
 #include "cuda/flash/flash.h"
 #include "cuda/flash/flex_unit.h"
 #include "cuda/flash/forward_kernel.cuh"
+#include "cuda/flex_device_program.h"
 #include "cuda/nvrtc.h"
 #include "cuda/status.h"
 #include "sdpa/cuda.h"
@@ -24,20 +25,15 @@
 namespace sdpa::cuda {
 namespace {
 
-// Host images of the prelude's SdpaCapturedTensor and SdpaFlexStatus (cuda/flex_prelude.cpp):
-// the same members in the same order, so the same layout on the device.
+// Host image of the prelude's SdpaCapturedTensor (cuda/flex_prelude.cpp): the same members
+// in the same order, so the same layout on the device. Its SdpaFlexStatus has
+// flex_interp::Status's layout.
+using FlexStatus = flex_interp::Status;
 struct CapturedTensor {
   const void* data;
   long long sizes[8];
   long long strides[8];
   int dim;
-};
-struct FlexStatus {
-  int code;
-  int slot;
-  int dim;
-  long long index;
-  long long b, h, q_idx, kv_idx;
 };
 
 // `t` on the call's device: in place when it is there (and contiguous unless `any_strides`),
@@ -96,24 +92,6 @@ LaunchShape launch_shape(DType dtype, int tile) {
     default:
       return launch_shape<256>(dtype);
   }
-}
-
-// The error of a failure record of `program` ("score_mod" or "mask_mod").
-std::string failure_message(const char* program, const FlexStatus& s,
-                            const std::vector<flex::Captured>& captured) {
-  const std::string where = " (b=" + std::to_string(s.b) + ", h=" + std::to_string(s.h) +
-                            ", q_idx=" + std::to_string(s.q_idx) +
-                            ", kv_idx=" + std::to_string(s.kv_idx) + ")";
-  const std::string what = std::string("flex ") + program + ": ";
-  if (s.code == 2) return what + "integer division by zero" + where;
-  const bool known = s.slot >= 0 && static_cast<size_t>(s.slot) < captured.size();
-  const std::string name = known ? captured[static_cast<size_t>(s.slot)].name() : "?";
-  const std::string size =
-      known && s.dim >= 0 && s.dim < captured[static_cast<size_t>(s.slot)].tensor().dim()
-          ? std::to_string(captured[static_cast<size_t>(s.slot)].tensor().size(s.dim))
-          : "?";
-  return what + "index " + std::to_string(s.index) + " is out of range for dimension " +
-         std::to_string(s.dim) + " of captured tensor '" + name + "' (size " + size + ")" + where;
 }
 
 // A program's captured tensors on the call's device (host ones copied for this call; kept
@@ -226,8 +204,8 @@ void flex_flash_forward(const AttentionParams& p, flash::ForwardArgs a, int tile
       cudaMemcpyAsync(status, a.score_mod_status, sizeof(status), cudaMemcpyDeviceToHost, stream),
       "cudaMemcpyAsync (FLASH flex status)");
   detail::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (FLASH flex status)");
-  SDPA_CHECK(status[1].code == 0, failure_message("mask_mod", status[1], mask_captured));
-  SDPA_CHECK(status[0].code == 0, failure_message("score_mod", status[0], score_captured));
+  SDPA_CHECK(status[1].code == 0, flex_failure_message("mask_mod", status[1], mask_captured));
+  SDPA_CHECK(status[0].code == 0, flex_failure_message("score_mod", status[0], score_captured));
 }
 
 }  // namespace sdpa::cuda
