@@ -149,3 +149,27 @@ def test_torch_block_masks_on_cuda_flash_match_float64(dtype, monkeypatch):
                                   block_mask=cpu_mask, enable_gqa=True)
         assert out.is_cuda and out.dtype == dtype
         assert _error(out, expected) <= FORWARD_TOL[dtype]
+
+
+@gpu
+def test_a_gather_score_mod_runs_on_cuda_math_with_autograd():
+    # cuDNN's score_mod has no gather: MATH on CUDA interprets the program, forward and
+    # backward, against the float64 CPU call.
+    table = torch.randn(2, 41)
+
+    def relative(tab):
+        def mod(score, b, h, q_idx, kv_idx):
+            return score + tab[h % 2, (q_idx - kv_idx).clamp(-20, 20) + 20]
+        return mod
+
+    q = torch.randn(1, 4, 33, 32, device="cuda", dtype=torch.float32)
+    k, v = (torch.randn(1, 4, 47, 32, device="cuda", dtype=torch.float32) for _ in range(2))
+    grad_out = torch.randn(1, 4, 33, 32, device="cuda", dtype=torch.float32)
+    with sdpa.sdpa_kernel(sdpa.SDPBackend.MATH):
+        out, grads = _run(q, k, v, grad_out, relative(table.cuda()))
+    expected, expected_grads = _run(*(x.cpu().double() for x in (q, k, v, grad_out)),
+                                    relative(table.double()))
+    assert out.is_cuda
+    assert _error(out, expected) <= 1e-5
+    for grad, ref in zip(grads, expected_grads):
+        assert _error(grad, ref) <= 1e-5

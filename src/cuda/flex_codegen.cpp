@@ -188,30 +188,16 @@ class Emitter {
   std::ostringstream& os_;
 };
 
-// A derived program reads the score_mod's tensors in its own slot order: rewrite its reads
-// to the score_mod's slots, so one captured array serves both functions.
-flex::CompiledProgram with_slots_of(const flex::CompiledProgram& code,
-                                    const std::vector<flex::Captured>& captured,
-                                    const std::vector<flex::Captured>& forward) {
-  flex::CompiledProgram remapped = code;
-  for (Instr& in : remapped.code) {
-    if (in.op != Op::kRead) continue;
-    const flex::CapturedData* data = captured[static_cast<size_t>(in.slot)].data().get();
-    for (size_t f = 0; f < forward.size(); ++f) {
-      if (forward[f].data().get() == data) in.slot = static_cast<int32_t>(f);
-    }
-  }
-  return remapped;
-}
-
 const char* kIdentityFunctions[] = {
-    "__device__ __forceinline__ float sdpa_score_mod(float score, long long, long long, long "
-    "long,\n"
-    "    long long, const SdpaCapturedTensor*, SdpaFlexStatus*) {\n  return score;\n}\n\n",
-    "__device__ __forceinline__ float sdpa_score_mod_grad(float, long long, long long, long long,\n"
-    "    long long, const SdpaCapturedTensor*, SdpaFlexStatus*) {\n  return 1.0f;\n}\n\n",
+    "__device__ __forceinline__ float sdpa_score_mod(float score, long long, long long,\n"
+    "    long long, long long, const SdpaCapturedTensor*, SdpaFlexStatus*) {\n"
+    "  return score;\n}\n\n",
+    "__device__ __forceinline__ float sdpa_score_mod_grad(float, long long, long long,\n"
+    "    long long, long long, const SdpaCapturedTensor*, SdpaFlexStatus*) {\n"
+    "  return 1.0f;\n}\n\n",
     "__device__ __forceinline__ bool sdpa_mask_mod(float, long long, long long, long long,\n"
-    "    long long, const SdpaCapturedTensor*, SdpaFlexStatus*) {\n  return true;\n}\n\n",
+    "    long long, const SdpaCapturedTensor*, SdpaFlexStatus*) {\n"
+    "  return true;\n}\n\n",
 };
 
 }  // namespace
@@ -235,7 +221,7 @@ std::string flex_translation_unit(const flex::Program* score_mod, const flex::Pr
   }
   if (with_gradient && score_mod != nullptr) {
     const flex::GradientProgram d = flex::differentiate(*score_mod);
-    const flex::CompiledProgram code = with_slots_of(*d.program, d.captured, score_mod->captured());
+    const flex::CompiledProgram code = d.in_slots_of(score_mod->captured());
     unit += emit_device_function(code, d.d_score, score_mod->captured(), "sdpa_score_mod_grad");
   } else if (with_gradient) {
     unit += kIdentityFunctions[1];

@@ -1,6 +1,6 @@
 // What MATH on CUDA accepts: every dtype, mask kind and dropout; head dims up to 1024;
-// flex score_mods and BlockMasks in the forward (programs interpreted per element,
-// cuda/flex_interpreter.cuh).
+// flex score_mods and BlockMasks (programs interpreted per element,
+// cuda/flex_interpreter.cuh), forward and backward, but no gradients of captured tensors.
 
 #include <string>
 
@@ -35,12 +35,16 @@ bool math_supports(const AttentionParams& p, Reasons& r) {
   if (p.mask.score_mod || p.mask.block_mask) {
     const flex::BlockMask* blocks = p.mask.block_mask.get();
     std::string why;
-    if (p.backward) {
-      why =
-          "the backward of score_mod and BlockMask programs runs on the CPU only (MATH on "
-          "CUDA runs their forward)";
-    } else if (p.mask.score_mod) {
-      why = interpreter_unsupported(*p.mask.score_mod);
+    if (p.mask.score_mod) why = interpreter_unsupported(*p.mask.score_mod);
+    if (why.empty() && p.backward && p.mask.score_mod) {
+      for (const flex::Captured& c : p.mask.score_mod->captured()) {
+        if (c.requires_grad()) {
+          why = "captured tensor '" + c.name() +
+                "' requires grad; MATH on CUDA returns no "
+                "gradients of captured tensors (the CPU does)";
+          break;
+        }
+      }
     }
     if (why.empty() && blocks != nullptr && blocks->mask_mod) {
       why = interpreter_unsupported(*blocks->mask_mod);

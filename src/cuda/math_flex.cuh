@@ -11,6 +11,8 @@ namespace sdpa::cuda::math {
 /// A call's flex parts on the device. Programs with count 0 are absent.
 struct FlexMask {
   flex_interp::Program score_mod;
+  /// d(score_mod)/d(score) (flex/autodiff.h), in backward calls.
+  flex_interp::Program score_mod_grad;
   flex_interp::Program mask_mod;
   /// The BlockMask as states [Bm, Hm, q blocks, kv blocks] (0 empty, 1 partial, 2 full;
   /// Bm, Hm 1 when broadcast); null without one.
@@ -24,15 +26,17 @@ struct FlexMask {
 /// Score `s` (q.k * scale) of (b, h, i, j) with every mask part and the flex programs, as
 /// cpu/mask_rows.h's mask_score_cols: additive dense term, score_mod, then -inf outside a
 /// band, where a bool mask drops the key, in an empty block, or where the mask_mod of a
-/// partial block is false. `values` holds flex_interp::kMaxInstructions doubles.
+/// partial block is false. `values` holds flex_interp::kMaxInstructions doubles; `pre_mod`
+/// (when not null) receives the score the score_mod saw.
 template <typename T, typename Acc>
 __device__ inline Acc apply_flex_mask(Acc s, const DenseMask& m, const Bands& bands,
                                       const FlexMask& f, int64_t b, int64_t h, int64_t i, int64_t j,
-                                      double* values) {
+                                      double* values, Acc* pre_mod = nullptr) {
   if (!in_bands(bands, i, j)) return Acc(-INFINITY);
   const int64_t at = b * m.s0 + h * m.s1 + i * m.s2 + j * m.s3;
   if (m.kind == 3) s += Acc(static_cast<const float*>(m.data)[at]);
   if (m.kind == 2) s += to_acc(static_cast<const T*>(m.data)[at]);
+  if (pre_mod != nullptr) *pre_mod = s;
   if (f.score_mod.count > 0) {
     s = Acc(flex_interp::evaluate(f.score_mod, static_cast<double>(s),
                                   flex_interp::Site{b, h, i, j, f.score_mod_status}, values));
@@ -52,6 +56,16 @@ __device__ inline Acc apply_flex_mask(Acc s, const DenseMask& m, const Bands& ba
     }
   }
   return s;
+}
+
+/// The chain rule through the score_mod: d(score_mod)/d(score) at the score it saw
+/// (`pre_mod`, from apply_flex_mask), 1 without a score_mod.
+template <typename Acc>
+__device__ inline Acc score_mod_slope(const FlexMask& f, Acc pre_mod, int64_t b, int64_t h,
+                                      int64_t i, int64_t j, double* values) {
+  if (f.score_mod_grad.count == 0) return Acc(1);
+  return Acc(flex_interp::evaluate(f.score_mod_grad, static_cast<double>(pre_mod),
+                                   flex_interp::Site{b, h, i, j, f.score_mod_status}, values));
 }
 
 }  // namespace sdpa::cuda::math

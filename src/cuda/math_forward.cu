@@ -2,14 +2,10 @@
 // online softmax (Milakov & Gimelshein 2018) so no L x S buffer is needed. Flex calls
 // (score_mod, BlockMask) run an instantiation that interprets the programs per element.
 
-#include <cstring>
-#include <tuple>
-#include <vector>
-
-#include "cuda/flex_device_program.h"
 #include "cuda/math.h"
 #include "cuda/math_device.cuh"
 #include "cuda/math_flex.cuh"
+#include "cuda/math_flex_launch.h"
 #include "cuda/math_launch.h"
 #include "cuda/status.h"
 
@@ -87,75 +83,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// A flex call's programs, BlockMask states and failure records on the device, alive
-// until the launch has run (the call then reads the records back).
-struct FlexParts {
-  explicit FlexParts(const AttentionParams& p) {
-    const auto* score_mod = p.mask.score_mod.get();
-    const flex::BlockMask* blocks = p.mask.block_mask.get();
-    if (score_mod != nullptr) score_program = DeviceProgram(*score_mod, p.device, p.stream);
-    if (blocks != nullptr && blocks->mask_mod) {
-      mask_program = DeviceProgram(*blocks->mask_mod, p.device, p.stream);
-    }
-    mask.score_mod = score_program.view();
-    mask.mask_mod = mask_program.view();
-    if (blocks != nullptr) {
-      states = to_device(block_states(*blocks), p.device, p.stream);
-      mask.block_states = static_cast<const uint8_t*>(states.data_ptr());
-      mask.block_batches = blocks->batch;
-      mask.block_heads = blocks->num_heads;
-      mask.num_q_blocks = blocks->num_q_blocks();
-      mask.num_kv_blocks = blocks->num_kv_blocks();
-      mask.q_block_size = blocks->q_block_size;
-      mask.kv_block_size = blocks->kv_block_size;
-    }
-    status = to_device(
-        Tensor::zeros({2 * static_cast<int64_t>(sizeof(flex_interp::Status))}, DType::kBool),
-        p.device, p.stream);
-    mask.score_mod_status = static_cast<flex_interp::Status*>(status.data_ptr());
-    mask.mask_mod_status = mask.score_mod_status + 1;
-  }
-
-  // The BlockMask's lists as a state per (q block, kv block): 0 empty, 1 partial, 2 full.
-  static Tensor block_states(const flex::BlockMask& m) {
-    const int64_t nq = m.num_q_blocks(), nkv = m.num_kv_blocks();
-    const int64_t rows = m.batch * m.num_heads * nq;
-    Tensor states = Tensor::zeros({rows * nkv}, DType::kBool);
-    auto* out = static_cast<uint8_t*>(states.data_ptr());
-    for (const auto& [num, indices, state] :
-         {std::tuple{&m.kv_num_blocks, &m.kv_indices, 1},
-          std::tuple{&m.full_kv_num_blocks, &m.full_kv_indices, 2}}) {
-      const Tensor counts = num->contiguous(), lists = indices->contiguous();
-      for (int64_t row = 0; row < rows; ++row) {
-        for (int32_t e = 0; e < counts.data<int32_t>()[row]; ++e) {
-          out[row * nkv + lists.data<int32_t>()[row * nkv + e]] = static_cast<uint8_t>(state);
-        }
-      }
-    }
-    return states;
-  }
-
-  // Raises the first recorded failure (waits for the stream).
-  void check(const AttentionParams& p) const {
-    flex_interp::Status records[2]{};
-    const Tensor host = to_device(status, Device{}, p.stream);
-    std::memcpy(records, host.data_ptr(), sizeof(records));
-    const auto& blocks = p.mask.block_mask;
-    static const std::vector<flex::Captured> kNone;
-    SDPA_CHECK(records[0].code == 0,
-               flex_failure_message("score_mod", records[0],
-                                    p.mask.score_mod ? p.mask.score_mod->captured() : kNone));
-    SDPA_CHECK(
-        records[1].code == 0,
-        flex_failure_message("mask_mod", records[1],
-                             blocks && blocks->mask_mod ? blocks->mask_mod->captured() : kNone));
-  }
-
-  DeviceProgram score_program, mask_program;
-  Tensor states, status;
-  FlexMask mask{};
-};
-
 template <typename T>
 void launch_forward(const AttentionParams& p, const Launch& launch, const Tensor& out,
                     const Tensor& lse) {
@@ -169,7 +96,7 @@ void launch_forward(const AttentionParams& p, const Launch& launch, const Tensor
     detail::check_launch("MATH forward kernel (cuda)");
     return;
   }
-  const FlexParts flex(p);
+  const FlexParts flex(p, /*backward=*/false);
   forward_rows<T, true><<<grid, kThreads, smem, launch.stream>>>(
       view<T>(p.q), view<T>(p.k), view<T>(p.v), launch.mask, flex.mask, launch.geometry,
       out.data<T>(), lse.data<float>());

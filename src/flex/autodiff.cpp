@@ -142,4 +142,16 @@ GradientProgram differentiate(const Program& score_mod) {
   return g;
 }
 
+CompiledProgram GradientProgram::in_slots_of(const std::vector<Captured>& forward) const {
+  CompiledProgram remapped = *program;
+  for (Instr& in : remapped.code) {
+    if (in.op != Op::kRead) continue;
+    const CapturedData* data = captured[static_cast<size_t>(in.slot)].data().get();
+    for (size_t f = 0; f < forward.size(); ++f) {
+      if (forward[f].data().get() == data) in.slot = static_cast<int32_t>(f);
+    }
+  }
+  return remapped;
+}
+
 }  // namespace sdpa::flex

@@ -21,6 +21,10 @@ struct GradientProgram {
     std::vector<int32_t> indices;  // instructions: the read's index expressions
   };
   std::vector<ReadGrad> reads;
+
+  /// `program` with its reads renumbered to the slots of `forward` (the score_mod's
+  /// Program::captured()), so one captured array serves the score_mod and its derivative.
+  CompiledProgram in_slots_of(const std::vector<Captured>& forward) const;
 };
 
 /// Differentiates `score_mod`. Throws sdpa::Error when its result does not depend

@@ -110,7 +110,7 @@ TEST_F(CudaMathFlex, AnAttnMaskComposesInTheCpusOrder) {
   expect_matches_golden("bool", soft_cap, c, nullptr, keep);
 }
 
-TEST_F(CudaMathFlex, FailuresAreErrorsNamingTheProgramAndTheBackwardIsRefused) {
+TEST_F(CudaMathFlex, FailuresAreErrorsNamingTheProgramAndCapturedGradientsAreRefused) {
   const sdpa::flex::Captured small("bias_row", randn({10}, DType::kFloat32, 56));
   const Program score_mod =
       Program::from_score_mod([small](const Expr& s, const Expr&, const Expr&, const Expr&,
@@ -133,13 +133,15 @@ TEST_F(CudaMathFlex, FailuresAreErrorsNamingTheProgramAndTheBackwardIsRefused) {
   message = error_message([&] { sdpa::flex_attention(q, q, q, std::nullopt, &block_mask); });
   EXPECT_NE(message.find("flex mask_mod: index"), std::string::npos) << message;
 
-  const Program soft_cap = Program::from_score_mod(sdpa::flex::mods::soft_cap(1.5));
-  const sdpa::AttentionResult r = sdpa::flex_attention(q, q, q, soft_cap);
+  // A learnable table: its gradient is the CPU's to compute.
+  const sdpa::flex::Captured table("table", randn({10}, DType::kFloat32, 58), true);
+  const Program learnable =
+      Program::from_score_mod([table](const Expr& s, const Expr&, const Expr&, const Expr&,
+                                      const Expr& kv) { return s + Expr(table[kv % Expr(10)]); });
+  const sdpa::AttentionResult r = sdpa::flex_attention(q, q, q, learnable);
   message =
-      error_message([&] { sdpa::flex_attention_backward(q, q, q, q, r.out, r.lse, soft_cap); });
-  EXPECT_NE(message.find("backward of score_mod and BlockMask programs runs on the CPU only"),
-            std::string::npos)
-      << message;
+      error_message([&] { sdpa::flex_attention_backward(q, q, q, q, r.out, r.lse, learnable); });
+  EXPECT_NE(message.find("captured tensor 'table' requires grad"), std::string::npos) << message;
 }
 
 }  // namespace
