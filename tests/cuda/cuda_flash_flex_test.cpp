@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda/flash_device.h"
+#include "cuda/flex_golden.h"
 #include "cuda/nvrtc.h"
 #include "sdpa/cuda.h"
 #include "sdpa/flex_attention.h"
@@ -24,16 +25,6 @@ using sdpa::SDPBackend;
 using sdpa::flex::Expr;
 using sdpa::flex::Program;
 
-const sdpa::Device kCuda{sdpa::DeviceType::kCUDA, 0};
-
-Tensor gpu(const Tensor& t) { return sdpa::cuda::to_device(t, kCuda); }
-Tensor cpu(const Tensor& t) { return sdpa::cuda::to_device(t, sdpa::Device{}); }
-
-struct FlexCase {
-  int64_t batch, heads_q, heads_kv, q_len, kv_len, head_dim;
-  DType dtype;
-};
-
 class CudaFlashFlex : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -43,62 +34,21 @@ class CudaFlashFlex : public ::testing::Test {
   }
   void TearDown() override { unsetenv("SDPA_CUDA_FLASH_FLEX"); }
 
-  // Runs `mod` and `block_mask` (either may be absent; captured tensors on the host)
-  // forward on CUDA FLASH and checks out and lse against the CPU's MATH in float64.
   static void expect_matches_golden(const std::string& name, const std::optional<Program>& mod,
                                     const FlexCase& c,
                                     const sdpa::flex::BlockMask* block_mask = nullptr) {
-    SCOPED_TRACE(name + " L" + std::to_string(c.q_len) + " S" + std::to_string(c.kv_len) + " E" +
-                 std::to_string(c.head_dim) + " Hq/Hkv " + std::to_string(c.heads_q) + "/" +
-                 std::to_string(c.heads_kv) + " " + std::string(sdpa::dtype_name(c.dtype)));
-    const Tensor q = randn({c.batch, c.heads_q, c.q_len, c.head_dim}, c.dtype, 31);
-    const Tensor k = randn({c.batch, c.heads_kv, c.kv_len, c.head_dim}, c.dtype, 32);
-    const Tensor v = randn({c.batch, c.heads_kv, c.kv_len, c.head_dim}, c.dtype, 33);
-    sdpa::SDPAOptions o;
-    o.enable_gqa = c.heads_q != c.heads_kv;
-    sdpa::AttentionResult golden, naive, tested;
-    {
-      sdpa::sdpa_kernel only(SDPBackend::MATH);
-      golden = sdpa::flex_attention(f64(q), f64(k), f64(v), mod, block_mask, o);
-      naive = sdpa::flex_attention(q, k, v, mod, block_mask, o);
-    }
-    {
-      sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
-      tested = sdpa::flex_attention(gpu(q), gpu(k), gpu(v), mod, block_mask, o);
-    }
-    EXPECT_EQ(tested.backend, SDPBackend::FLASH_ATTENTION);
-    EXPECT_TRUE(close_to_golden("out", cpu(tested.out), golden.out, naive.out, c.dtype));
-    EXPECT_TRUE(close_to_golden("lse", cpu(tested.lse), golden.lse, naive.lse, DType::kFloat32,
-                                kFudge, c.dtype));
+    expect_flex_matches_golden(SDPBackend::FLASH_ATTENTION, name, mod, c, block_mask);
   }
 };
 
 TEST_F(CudaFlashFlex, StandardModsMatchTheGoldenOnOddSizes) {
-  const Tensor table = randn({4, 33}, DType::kFloat32, 41);
-  Tensor slopes = Tensor::empty({4}, DType::kFloat32);
-  for (int64_t h = 0; h < 4; ++h) slopes.data<float>()[h] = 0.05f + 0.03f * static_cast<float>(h);
-  const Program soft_cap = Program::from_score_mod(sdpa::flex::mods::soft_cap(2.0));
-  const Program alibi = Program::from_score_mod(sdpa::flex::mods::alibi(slopes));
-  const Program relative = Program::from_score_mod(sdpa::flex::mods::relative_position(table, 16));
-  // Integer floor division and modulo (which cuDNN's score_mod cannot express) and a causal
-  // select that leaves the first rows' only keys and masks whole rows of padding blocks.
-  const Program stripes = Program::from_score_mod(
-      [](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr& kv) {
-        return sdpa::flex::where(
-            (q >= kv) && (sdpa::flex::floor_div(q - kv, Expr(5)) % Expr(3) != Expr(1)), s,
-            Expr(-INFINITY));
-      });
+  const StandardScoreMods mods(/*max_distance=*/1000, DType::kFloat32);
   const FlexCase cases[] = {{1, 4, 4, 65, 257, 64, DType::kBFloat16},
                             {2, 4, 2, 7, 129, 128, DType::kFloat16},
                             {1, 4, 1, 257, 63, 32, DType::kBFloat16},
                             {1, 4, 4, 63, 65, 256, DType::kFloat16},
                             {1, 4, 2, 1, 1000, 72, DType::kBFloat16}};
-  for (const FlexCase& c : cases) {
-    expect_matches_golden("soft_cap", soft_cap, c);
-    expect_matches_golden("alibi", alibi, c);
-    expect_matches_golden("relative position", relative, c);
-    expect_matches_golden("stripes", stripes, c);
-  }
+  for (const FlexCase& c : cases) mods.expect_match_golden(SDPBackend::FLASH_ATTENTION, c);
 }
 
 // BlockMasks: tile skipping by the block lists, the mask_mod on partial blocks only, with
@@ -178,7 +128,7 @@ TEST_F(CudaFlashFlex, BlockListsWithoutAMaskModMatchTheGolden) {
 TEST_F(CudaFlashFlex, BlockSizesOutsideTheTilesAreRefusedWithTheReason) {
   const Program causal = Program::from_mask_mod(sdpa::flex::mods::causal());
   const sdpa::flex::BlockMask block_mask = sdpa::flex::create_block_mask(causal, 1, 2, 96, 96, 48);
-  const Tensor q = gpu(randn({1, 2, 96, 64}, DType::kBFloat16, 48));
+  const Tensor q = to_gpu(randn({1, 2, 96, 64}, DType::kBFloat16, 48));
   sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
   const std::string message =
       error_message([&] { sdpa::flex_attention(q, q, q, std::nullopt, &block_mask); });
@@ -200,7 +150,7 @@ TEST_F(CudaFlashFlex, AnOutOfRangeReadOfTheMaskModIsAnErrorNamingIt) {
   lists.indices = Tensor::zeros({1, 1, 1, 1}, DType::kInt32);
   const sdpa::flex::BlockMask block_mask =
       sdpa::flex::block_mask_from_kv_blocks(lists, 16, 16, 64, 64, mask_mod);
-  const Tensor q = gpu(randn({1, 2, 16, 64}, DType::kBFloat16, 49));
+  const Tensor q = to_gpu(randn({1, 2, 16, 64}, DType::kBFloat16, 49));
   sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
   const std::string message =
       error_message([&] { sdpa::flex_attention(q, q, q, std::nullopt, &block_mask); });
@@ -209,15 +159,15 @@ TEST_F(CudaFlashFlex, AnOutOfRangeReadOfTheMaskModIsAnErrorNamingIt) {
 }
 
 TEST_F(CudaFlashFlex, CapturedTensorsOnTheDeviceAreReadInPlace) {
-  const Tensor table = randn({4, 33}, DType::kBFloat16, 42);
-  const Program host = Program::from_score_mod(sdpa::flex::mods::relative_position(table, 16));
+  const Tensor table = randn({4, 2 * 128 + 1}, DType::kBFloat16, 42);
+  const Program host = Program::from_score_mod(sdpa::flex::mods::relative_position(table, 128));
   const Program device =
-      Program::from_score_mod(sdpa::flex::mods::relative_position(gpu(table), 16));
+      Program::from_score_mod(sdpa::flex::mods::relative_position(to_gpu(table), 128));
   const Tensor q = randn({1, 4, 65, 64}, DType::kBFloat16, 43);
   const Tensor kv = randn({1, 4, 129, 64}, DType::kBFloat16, 44);
   sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
-  const Tensor a = cpu(sdpa::flex_attention(gpu(q), gpu(kv), gpu(kv), host).out);
-  const Tensor b = cpu(sdpa::flex_attention(gpu(q), gpu(kv), gpu(kv), device).out);
+  const Tensor a = to_cpu(sdpa::flex_attention(to_gpu(q), to_gpu(kv), to_gpu(kv), host).out);
+  const Tensor b = to_cpu(sdpa::flex_attention(to_gpu(q), to_gpu(kv), to_gpu(kv), device).out);
   EXPECT_TRUE(bit_identical(a, b));
 }
 
@@ -229,14 +179,14 @@ TEST_F(CudaFlashFlex, AnOutOfRangeCapturedReadIsAnErrorNamingTheTensor) {
   const Tensor q = randn({1, 2, 16, 64}, DType::kBFloat16, 46);
   sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
   const std::string message =
-      error_message([&] { sdpa::flex_attention(gpu(q), gpu(q), gpu(q), mod); });
+      error_message([&] { sdpa::flex_attention(to_gpu(q), to_gpu(q), to_gpu(q), mod); });
   EXPECT_NE(message.find("out of range"), std::string::npos) << message;
   EXPECT_NE(message.find("bias_row"), std::string::npos) << message;
 }
 
 TEST_F(CudaFlashFlex, WithoutTheSwitchTheCheckSaysWhy) {
   unsetenv("SDPA_CUDA_FLASH_FLEX");
-  const Tensor q = gpu(randn({1, 2, 16, 64}, DType::kBFloat16, 47));
+  const Tensor q = to_gpu(randn({1, 2, 16, 64}, DType::kBFloat16, 47));
   sdpa::SDPAOptions o;
   const Program mod = Program::from_score_mod(sdpa::flex::mods::soft_cap(2.0));
   sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
