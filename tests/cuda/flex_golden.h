@@ -2,6 +2,12 @@
 // The flex tests' check on CUDA: one flex_attention call run on a GPU backend against the
 // float64 CPU MATH golden, with the tolerance the naive CPU MATH run in the tested dtype
 // sets.
+//
+// Built with SDPA_FLEX_TESTS_ON_CPU (tests/CMakeLists.txt's sdpa_flex_gpu_tests_on_cpu),
+// the same tests run with CPU tensors in place of device ones, on the CPU backends of the
+// same names: every CI run then checks their goldens and CPU halves (a test whose golden
+// cannot be computed fails there, not first on a GPU). Tests of GPU-only behaviour skip
+// in that build (SDPA_GPU_BEHAVIOUR_ONLY).
 
 #include <optional>
 #include <string>
@@ -13,10 +19,27 @@
 
 namespace sdpa_test {
 
+#ifdef SDPA_FLEX_TESTS_ON_CPU
+inline constexpr bool kFlexTestsOnCpu = true;
+#else
+inline constexpr bool kFlexTestsOnCpu = false;
+#endif
+
+/// Skips a test of what only the GPU does (refusals, device error records) in the CPU
+/// build of the GPU flex tests.
+#define SDPA_GPU_BEHAVIOUR_ONLY()                                                  \
+  do {                                                                             \
+    if (kFlexTestsOnCpu) GTEST_SKIP() << "GPU behaviour (SDPA_FLEX_TESTS_ON_CPU)"; \
+  } while (false)
+
 inline const sdpa::Device kFlexCuda{sdpa::DeviceType::kCUDA, 0};
 
-inline Tensor to_gpu(const Tensor& t) { return sdpa::cuda::to_device(t, kFlexCuda); }
-inline Tensor to_cpu(const Tensor& t) { return sdpa::cuda::to_device(t, sdpa::Device{}); }
+inline Tensor to_gpu(const Tensor& t) {
+  return kFlexTestsOnCpu ? t : sdpa::cuda::to_device(t, kFlexCuda);
+}
+inline Tensor to_cpu(const Tensor& t) {
+  return kFlexTestsOnCpu ? t : sdpa::cuda::to_device(t, sdpa::Device{});
+}
 
 /// Shapes of one call: q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, E + extra_value_dim].
 struct FlexCase {
