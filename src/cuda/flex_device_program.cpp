@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "flex/interval.h"
 #include "flex/node.h"
 #include "sdpa/cuda.h"
 #include "sdpa/error.h"
@@ -79,6 +80,38 @@ std::string interpreter_unsupported(const flex::Program& program) {
     }
   }
   return "";
+}
+
+bool program_may_fail(const flex::CompiledProgram& code,
+                      const std::vector<flex::Captured>& captured, int64_t batch, int64_t heads,
+                      int64_t q_len, int64_t kv_len) {
+  bool reads = false, uses_batch = false, uses_head = false;
+  for (const flex::Instr& in : code.code) {  // every output: classify_block bounds them all
+    if (in.op == Op::kFloorDiv || in.op == Op::kMod) {
+      const flex::Instr& divisor = code.code[static_cast<size_t>(in.args[1])];
+      if (divisor.op != Op::kConst || divisor.constant == 0.0) return true;
+    }
+    reads = reads || in.op == Op::kRead;
+    uses_batch = uses_batch || in.op == Op::kBatch;
+    uses_head = uses_head || in.op == Op::kHead;
+  }
+  if (!reads || q_len == 0 || kv_len == 0) return false;
+  // One block per (b, h) the program reads; bounded so that the proof stays cheap.
+  const int64_t bs = uses_batch ? batch : 1, hs = uses_head ? heads : 1;
+  if (bs * hs > 4096) return true;
+  for (int64_t b = 0; b < bs; ++b) {
+    for (int64_t h = 0; h < hs; ++h) {
+      bool in_bounds = true;
+      flex::classify_block(code, captured, {b, h, 0, q_len - 1, 0, kv_len - 1}, &in_bounds);
+      if (!in_bounds) return true;
+    }
+  }
+  return false;
+}
+
+bool program_may_fail(const flex::Program& program, int64_t batch, int64_t heads, int64_t q_len,
+                      int64_t kv_len) {
+  return program_may_fail(*program.compiled(), program.captured(), batch, heads, q_len, kv_len);
 }
 
 std::string flex_failure_message(const char* program, const fi::Status& s,

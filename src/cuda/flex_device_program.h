@@ -34,6 +34,18 @@ flex_interp::CapturedTensor describe_captured(const Tensor& t);
 /// than 8 dimensions.
 std::string interpreter_unsupported(const flex::Program& program);
 
+/// Whether any instruction of `code` (reading `captured`) may fail somewhere on the call's
+/// indices b < batch, h < heads, q_idx < q_len, kv_idx < kv_len: a captured read that
+/// interval analysis (flex/interval.h) cannot keep inside its tensor, or an integer
+/// division or modulo by anything but a nonzero constant. Launches whose programs cannot
+/// fail do not read their failure records back, so the call does not wait for its stream.
+bool program_may_fail(const flex::CompiledProgram& code,
+                      const std::vector<flex::Captured>& captured, int64_t batch, int64_t heads,
+                      int64_t q_len, int64_t kv_len);
+/// The same for a score_mod or mask_mod's result.
+bool program_may_fail(const flex::Program& program, int64_t batch, int64_t heads, int64_t q_len,
+                      int64_t kv_len);
+
 /// The sdpa::Error message of failure record `status` of `program` ("score_mod" or
 /// "mask_mod") reading `captured`: the tensor, index and dimension, or the division by
 /// zero, and where (b, h, q_idx, kv_idx).

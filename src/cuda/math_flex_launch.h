@@ -18,7 +18,8 @@ class FlexParts {
   FlexParts(const AttentionParams& p, bool backward);
 
   /// Raises the first recorded failure of the score_mod, its derivative or the mask_mod
-  /// as sdpa::Error; waits for the call's stream.
+  /// as sdpa::Error; waits for the call's stream, unless none of them can fail
+  /// (program_may_fail).
   void check(const AttentionParams& p) const;
 
   /// What the kernels read.
@@ -26,6 +27,7 @@ class FlexParts {
 
  private:
   DeviceProgram score_program_, grad_program_, mask_program_;
+  bool may_fail_ = false;
   Tensor states_, status_;
 };
 

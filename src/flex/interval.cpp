@@ -48,6 +48,8 @@ Interval monotone(double (*f)(double), const Interval& a) { return hull({f(a.lo)
 // large to scan.
 Interval read_range(const Captured& c, const std::vector<Interval>& box) {
   const Tensor& t = c.tensor();
+  // A device tensor's values are not read from the host: unbounded.
+  if (t.device().type != DeviceType::kCPU) return kAll;
   int64_t count = 1;
   std::vector<int64_t> lo(box.size()), hi(box.size());
   for (size_t d = 0; d < box.size(); ++d) {

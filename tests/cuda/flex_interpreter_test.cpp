@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/flex_device_program.h"
+#include "flex/autodiff.h"
 #include "flex/eval_scalar.h"
 #include "flex/node.h"
 #include "flex/program_gen.h"
@@ -129,6 +130,51 @@ TEST(FlexInterpreter, FailuresAreRecordedWhereTheCpuRaises) {
   by_zero.run(0.5, 1, 0, 7, 2, zero);
   EXPECT_EQ(zero.code, 2);
   EXPECT_EQ(zero.q_idx, 7);
+}
+
+TEST(FlexInterpreter, ProgramsThatCannotFailAreRecognised) {
+  namespace mods = sdpa::flex::mods;
+  using sdpa::cuda::program_may_fail;
+  // No read, no integer division: nothing to check after a launch.
+  EXPECT_FALSE(program_may_fail(Program::from_score_mod(mods::soft_cap(2.0)), 2, 8, 100, 300));
+  // slopes[h]: in bounds for 8 heads, not for 9.
+  const Program alibi = Program::from_score_mod(mods::alibi(randn({8}, DType::kFloat32, 7)));
+  EXPECT_FALSE(program_may_fail(alibi, 2, 8, 100, 300));
+  EXPECT_TRUE(program_may_fail(alibi, 2, 9, 100, 300));
+  // A relative-position table covers |q_idx - kv_idx| <= 20 only.
+  const Program relative =
+      Program::from_score_mod(mods::relative_position(randn({2, 41}, DType::kFloat32, 8), 20));
+  EXPECT_FALSE(program_may_fail(relative, 1, 2, 21, 21));
+  EXPECT_TRUE(program_may_fail(relative, 1, 2, 21, 22));
+  // Integer division by a nonzero constant cannot fail; by a computed value it may.
+  const auto divided_by = [](Expr divisor) {
+    return Program::from_score_mod(
+        [divisor](const Expr& s, const Expr&, const Expr&, const Expr& q, const Expr&) {
+          return s + sdpa::flex::to_float(sdpa::flex::floor_div(q, divisor) % Expr(3));
+        });
+  };
+  EXPECT_FALSE(program_may_fail(divided_by(Expr(5)), 1, 1, 50, 50));
+  EXPECT_TRUE(program_may_fail(Program::from_score_mod([](const Expr& s, const Expr&, const Expr&,
+                                                          const Expr& q, const Expr& kv) {
+                                 return s + sdpa::flex::to_float(
+                                                sdpa::flex::floor_div(q, kv + Expr(1)));
+                               }),
+                               1, 1, 50, 50));
+  // A gather through a captured index table: the indices' values bound the second read.
+  Tensor ids = Tensor::empty({30}, DType::kInt64);
+  for (int64_t i = 0; i < 30; ++i) ids.data<int64_t>()[i] = i % 4;
+  const sdpa::flex::Captured id("ids", ids), bias("bias", randn({4}, DType::kFloat32, 9));
+  const Program gather =
+      Program::from_score_mod([id, bias](const Expr& s, const Expr&, const Expr&, const Expr&,
+                                         const Expr& kv) { return s + Expr(bias[Expr(id[kv])]); });
+  EXPECT_FALSE(program_may_fail(gather, 1, 1, 10, 30));
+  EXPECT_TRUE(program_may_fail(gather, 1, 1, 10, 31));
+  // The derivative of a program is checked as a program of its own (derived programs
+  // carry no uses_batch / uses_head flags: the check reads the instructions).
+  const Program alibi9 = Program::from_score_mod(mods::alibi(randn({9}, DType::kFloat32, 10)));
+  const sdpa::flex::GradientProgram d = sdpa::flex::differentiate(alibi9);
+  EXPECT_FALSE(program_may_fail(d.in_slots_of(alibi9.captured()), alibi9.captured(), 1, 9, 5, 5));
+  EXPECT_TRUE(program_may_fail(*alibi9.compiled(), alibi9.captured(), 1, 10, 5, 5));
 }
 
 TEST(FlexInterpreter, LongProgramsAreRefusedWithTheReason) {

@@ -199,6 +199,13 @@ void flex_flash_forward(const AttentionParams& p, flash::ForwardArgs a, int tile
   detail::check(cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)),
                                  dim3(flash::ForwardTile<32>::kThreads), args, shape.smem, stream),
                 "cudaLaunchKernel (FLASH flex unit)");
+  // Programs that cannot fail leave the records untouched: the call returns without
+  // waiting for its kernel.
+  const auto may_fail = [&](const flex::Program* program) {
+    return program != nullptr &&
+           program_may_fail(*program, p.batch, p.num_heads_q, p.q_len, p.kv_len);
+  };
+  if (!may_fail(score_mod) && !may_fail(mask_mod)) return;
   FlexStatus status[2]{};
   detail::check(
       cudaMemcpyAsync(status, a.score_mod_status, sizeof(status), cudaMemcpyDeviceToHost, stream),
