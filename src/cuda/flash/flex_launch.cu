@@ -180,12 +180,22 @@ void flex_flash_forward(const AttentionParams& p, flash::ForwardArgs a, int tile
   const size_t score_bytes = score_described.size() * sizeof(CapturedTensor);
   const size_t mask_bytes = mask_described.size() * sizeof(CapturedTensor);
   const size_t status_at = score_bytes + mask_bytes;
-  Tensor host =
-      Tensor::zeros({static_cast<int64_t>(status_at + 2 * sizeof(FlexStatus))}, DType::kBool);
-  auto* bytes = static_cast<unsigned char*>(host.data_ptr());
-  if (score_bytes > 0) std::memcpy(bytes, score_described.data(), score_bytes);
-  if (mask_bytes > 0) std::memcpy(bytes + score_bytes, mask_described.data(), mask_bytes);
-  const Tensor device = to_device(host, p.device, p.stream);
+  const auto buffer_bytes = static_cast<int64_t>(status_at + 2 * sizeof(FlexStatus));
+  Tensor device;
+  if (status_at == 0) {
+    // Records only: cleared on the stream, with no copy from the host (which would wait
+    // for the work queued before the call).
+    device = empty({buffer_bytes}, DType::kBool, p.device.index, p.stream);
+    detail::check(cudaMemsetAsync(device.data_ptr(), 0, static_cast<size_t>(buffer_bytes),
+                                  static_cast<cudaStream_t>(p.stream)),
+                  "cudaMemsetAsync (FLASH flex status)");
+  } else {
+    Tensor host = Tensor::zeros({buffer_bytes}, DType::kBool);
+    auto* bytes = static_cast<unsigned char*>(host.data_ptr());
+    if (score_bytes > 0) std::memcpy(bytes, score_described.data(), score_bytes);
+    if (mask_bytes > 0) std::memcpy(bytes + score_bytes, mask_described.data(), mask_bytes);
+    device = to_device(host, p.device, p.stream);
+  }
   auto* base = static_cast<unsigned char*>(device.data_ptr());
   a.score_mod_captured = score_bytes > 0 ? base : nullptr;
   a.mask_mod_captured = mask_bytes > 0 ? base + score_bytes : nullptr;
