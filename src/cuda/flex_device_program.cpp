@@ -2,8 +2,7 @@
 
 #include "cuda/flex_device_program.h"
 
-#include <cstring>
-
+#include "cuda/copy.h"
 #include "flex/interval.h"
 #include "flex/node.h"
 #include "sdpa/cuda.h"
@@ -22,14 +21,6 @@ static_assert(static_cast<int>(Op::kRead) == fi::kRead && static_cast<int>(Op::k
 static_assert(static_cast<int>(DType::kFloat16) == fi::kF16 &&
               static_cast<int>(DType::kBool) == fi::kBoolean &&
               static_cast<int>(DType::kInt64) == fi::kI64);
-
-// Host bytes of `values` as a device tensor on `device`.
-template <typename V>
-Tensor to_device_bytes(const std::vector<V>& values, Device device, void* stream) {
-  Tensor host = Tensor::empty({static_cast<int64_t>(values.size() * sizeof(V))}, DType::kBool);
-  if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(V));
-  return to_device(host, device, stream);
-}
 
 }  // namespace
 
@@ -144,11 +135,11 @@ DeviceProgram::DeviceProgram(const flex::CompiledProgram& code, int32_t result,
     keep_.push_back(here ? t : to_device(t, device, stream));
     described.push_back(describe_captured(keep_.back()));
   }
-  keep_.push_back(to_device_bytes(flat.code, device, stream));
+  keep_.push_back(detail::vector_to_device(flat.code, DType::kBool, device, stream));
   view_.code = static_cast<const fi::Instr*>(keep_.back().data_ptr());
-  keep_.push_back(to_device_bytes(flat.args, device, stream));
+  keep_.push_back(detail::vector_to_device(flat.args, DType::kBool, device, stream));
   view_.args = static_cast<const int32_t*>(keep_.back().data_ptr());
-  keep_.push_back(to_device_bytes(described, device, stream));
+  keep_.push_back(detail::vector_to_device(described, DType::kBool, device, stream));
   view_.captured = static_cast<const fi::CapturedTensor*>(keep_.back().data_ptr());
   view_.count = static_cast<int>(flat.code.size());
   view_.result = flat.result;

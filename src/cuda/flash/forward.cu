@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstring>
 
+#include "cuda/copy.h"
 #include "cuda/flash/flash.h"
 #include "cuda/flash/forward_kernel.cuh"
 #include "cuda/math_launch.h"
@@ -21,14 +21,6 @@ namespace {
 
 void strides_of(const Tensor& t, int64_t (&s)[3]) {
   for (int d = 0; d < 3; ++d) s[d] = t.stride(d);
-}
-
-// A host vector as a device tensor (int32 or float32), ordered on `p.stream`.
-template <typename V>
-Tensor device_vector(const std::vector<V>& values, DType dtype, const AttentionParams& p) {
-  Tensor host = Tensor::empty({static_cast<int64_t>(values.size())}, dtype);
-  std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(V));
-  return to_device(host, p.device, p.stream);
 }
 
 template <typename T, int kHeadDim>
@@ -108,8 +100,8 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
   Tensor row_lo, row_hi, slopes, dense_owner;  // alive until the kernel is queued
   if (needs_intervals(m) || m.bands.size() > static_cast<size_t>(math::kMaxBands)) {
     const RowIntervals rows = row_intervals(p);
-    row_lo = flash::device_vector(rows.lo, DType::kInt32, p);
-    row_hi = flash::device_vector(rows.hi, DType::kInt32, p);
+    row_lo = detail::vector_to_device(rows.lo, DType::kInt32, p.device, p.stream);
+    row_hi = detail::vector_to_device(rows.hi, DType::kInt32, p.device, p.stream);
     a.row_lo = row_lo.data<int32_t>();
     a.row_hi = row_hi.data<int32_t>();
     a.interval_batches = static_cast<int>(rows.batches);
@@ -117,7 +109,7 @@ void flash_forward(const AttentionParams& p, const Tensor& out, const Tensor& ls
     a.bands = math::sequence_bands(p);
   }
   if (!m.alibi_slopes.empty()) {
-    slopes = flash::device_vector(m.alibi_slopes, DType::kFloat32, p);
+    slopes = detail::vector_to_device(m.alibi_slopes, DType::kFloat32, p.device, p.stream);
     a.alibi_slopes = slopes.data<float>();
     a.alibi_offset = m.alibi_alignment == DiagonalAlignment::kBottomRight ? p.kv_len - p.q_len : 0;
   }
