@@ -233,10 +233,16 @@ def percent_of_peak(c: Case, sdpa_ms: float, peaks: dict[str, float]) -> tuple[f
         limit = peaks.get("peak_copy_gbps")
         achieved = c.kv_bytes() / (sdpa_ms * 1e6)  # GB/s of K/V read
         return (100 * achieved / limit if limit else None), "copy"
-    # bfloat16 uses vdpbf16ps where the CPU has it; without it bf16 computes in float32.
-    bf16 = c.dtype == "bfloat16" and "peak_bf16_gflops" in peaks
-    limit = peaks.get("peak_bf16_gflops" if bf16 else "peak_fp32_gflops")
-    return (100 * c.flops() / (sdpa_ms * 1e6) / limit if limit else None), "bf16" if bf16 else "fp32"
+    # bfloat16 products run on AMX tiles, else vdpbf16ps, where the CPU has them; without
+    # either bf16 computes in float32.
+    if c.dtype == "bfloat16" and "peak_amx_bf16_gflops" in peaks:
+        key, name = "peak_amx_bf16_gflops", "amx"
+    elif c.dtype == "bfloat16" and "peak_bf16_gflops" in peaks:
+        key, name = "peak_bf16_gflops", "bf16"
+    else:
+        key, name = "peak_fp32_gflops", "fp32"
+    limit = peaks.get(key)
+    return (100 * c.flops() / (sdpa_ms * 1e6) / limit if limit else None), name
 
 
 def host() -> dict:
@@ -253,7 +259,9 @@ def host() -> dict:
         pass
     return {"cpu_model": model, "cpu_capability": sdpa.backends.cpu.get_cpu_capability(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "avx512_bf16": "avx512_bf16" in flags, "threads": torch.get_num_threads()}
+            "avx512_bf16": "avx512_bf16" in flags,
+            "amx_bf16": sdpa.backends.cpu.amx_bf16_available(),
+            "threads": torch.get_num_threads()}
 
 
 def write_json(args, benchmark: str, peaks: dict, rows: list[dict]) -> None:

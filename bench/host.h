@@ -42,11 +42,13 @@ inline std::string command_line(int argc, const char* const* argv) {
   return line;
 }
 
-/// {"cpu_model", "cpu_capability", "avx512_bf16", "threads"}: the host of one run.
+/// {"cpu_model", "cpu_capability", "avx512_bf16", "amx_bf16", "threads"}: the host of one
+/// run.
 inline nlohmann::ordered_json host_json() {
   return {{"cpu_model", cpu_model_name()},
           {"cpu_capability", backends::cpu::get_cpu_capability()},
           {"avx512_bf16", has_avx512_bf16()},
+          {"amx_bf16", backends::cpu::amx_bf16_available()},
           {"threads", omp_get_max_threads()}};
 }
 

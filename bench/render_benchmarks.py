@@ -103,6 +103,8 @@ def render_peaks(doc: dict) -> list[str]:
     rows = [[f"fp32 FMA ({c['peak_fp32_isa']})", f"{c['peak_fp32_gflops']:.1f} GFLOP/s"]]
     if "peak_bf16_gflops" in c:
         rows.append(["bf16 dot (vdpbf16ps)", f"{c['peak_bf16_gflops']:.1f} GFLOP/s"])
+    if "peak_amx_bf16_gflops" in c:
+        rows.append(["bf16 tiles (AMX TDPBF16PS)", f"{c['peak_amx_bf16_gflops']:.1f} GFLOP/s"])
     rows.append(["memcpy, read + write bytes", f"{c['peak_copy_gbps']:.1f} GB/s"])
     return (["### Machine limits", ""] + command_block(c["command"])
             + table(["limit", f"{c['peak_threads']} threads"], rows) + [""])
@@ -120,6 +122,8 @@ def render_sdpa_bench(title: str, doc: dict) -> list[str]:
     if "peak_fp32_gflops" in c:  # --peak: % of peak is against this run's own probes
         bf16 = (f", bf16 {c['peak_bf16_gflops']:.1f} GFLOP/s" if "peak_bf16_gflops" in c
                 else "")
+        if "peak_amx_bf16_gflops" in c:
+            bf16 += f", AMX bf16 {c['peak_amx_bf16_gflops']:.1f} GFLOP/s (bf16 rows)"
         out += para(f"% of peak is against the peaks measured in the same run: fp32 "
                     f"{c['peak_fp32_gflops']:.1f} GFLOP/s{bf16}.")
     for pass_name in dict.fromkeys(r["pass"] for r in results):
@@ -256,7 +260,7 @@ def pct_text(r: dict) -> str:
     if r["pct_of_peak"] is None:
         return "-"
     return f"{r['pct_of_peak']:.0f}% of " + {"copy": "copy bw", "bf16": "bf16",
-                                              "fp32": "fp32"}[r["peak"]]
+                                              "amx": "AMX bf16", "fp32": "fp32"}[r["peak"]]
 
 
 def render_compare_torch(doc: dict) -> list[str]:
@@ -412,7 +416,8 @@ def host_of(docs: dict[str, dict]) -> dict:
             return doc["host"]
     c = next(iter(docs.values()))["context"]  # only `sdpa bench` files
     return {"cpu_model": c["cpu_model"], "cpu_capability": c["cpu_capability"],
-            "avx512_bf16": c["avx512_bf16"], "threads": c["omp_threads"]}
+            "avx512_bf16": c["avx512_bf16"], "amx_bf16": c.get("amx_bf16", False),
+            "threads": c["omp_threads"]}
 
 
 def render_host(kind: str, docs: dict[str, dict]) -> list[str]:
@@ -422,9 +427,10 @@ def render_host(kind: str, docs: dict[str, dict]) -> list[str]:
     torch_host = docs.get("compare_torch", {}).get("host", {})
     torch_level = (f", torch's at the {torch_host['torch_cpu_capability']} level"
                    if "torch_cpu_capability" in torch_host else "")
+    amx = ", amx_bf16 yes (bf16 products on AMX tiles)" if h.get("amx_bf16") else ""
     out = [f"## {kind}", ""] + para(
         f"{h['cpu_model']}; sdpa kernels at the {h['cpu_capability']} level{torch_level}, "
-        f"avx512_bf16 {yes_no(h['avx512_bf16'])}, {h['threads']} threads.")
+        f"avx512_bf16 {yes_no(h['avx512_bf16'])}{amx}, {h['threads']} threads.")
     if "compare_torch" not in docs:
         out += para("(No comparison with torch in this run: `bench/run_all.sh` skips it "
                     "where the interpreter cannot import torch and sdpa.)")

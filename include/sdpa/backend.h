@@ -95,6 +95,10 @@ std::string detected_cpu_capability();
 /// Forces a capability for the calling thread ("" restores the default). Throws
 /// sdpa::Error for an unknown name or one this CPU cannot run.
 void set_cpu_capability(std::string_view capability);
+/// Whether bfloat16 products may run on Intel AMX tiles (TDPBF16PS): the CPU has AMX-TILE
+/// and AMX-BF16, the OS granted this process the tile state, and SDPA_DISABLE_AMX is not
+/// 1. They do in the FLASH kernels' bfloat16 calls at the AVX512 level.
+bool amx_bf16_available();
 }  // namespace cpu
 }  // namespace backends
 

@@ -97,6 +97,10 @@ void bind_backend(nb::module_& m) {
 
   m.def("get_cpu_capability", &backends::cpu::get_cpu_capability);
   m.def("detected_cpu_capability", &backends::cpu::detected_cpu_capability);
+  m.def("amx_bf16_available", &backends::cpu::amx_bf16_available,
+        "Whether bfloat16 products may run on Intel AMX tiles (CPU, OS permission, "
+        "SDPA_DISABLE_AMX not 1); the FLASH kernels' bfloat16 calls use them at the AVX512 "
+        "level.");
   m.def("set_cpu_capability",
         [](std::string_view capability) { backends::cpu::set_cpu_capability(capability); },
         nb::arg("capability"));

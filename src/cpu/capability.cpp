@@ -1,12 +1,12 @@
 #include "cpu/capability.h"
 
-#include "cpu/bf16_dot.h"
-
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string>
 
+#include "cpu/amx_bf16.h"
+#include "cpu/bf16_dot.h"
 #include "hwy/targets.h"
 #include "sdpa/backend.h"
 #include "sdpa/error.h"
@@ -82,6 +82,8 @@ namespace sdpa::backends::cpu {
 std::string get_cpu_capability() {
   return std::string(sdpa::cpu::capability_name(sdpa::cpu::active_capability()));
 }
+
+bool amx_bf16_available() { return sdpa::cpu::amx_available(); }
 
 std::string detected_cpu_capability() {
   return std::string(sdpa::cpu::capability_name(sdpa::cpu::detected_capability()));

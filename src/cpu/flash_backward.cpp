@@ -20,7 +20,8 @@ FlashBackwardScratch::FlashBackwardScratch(const AttentionParams& params,
                                            const FlexBackward* flex_grad, bool bf16)
     : head_dim_qk_padded(round_up(params.head_dim_qk, kMaxLanes)),
       head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kMaxLanes)),
-      flex(params.mask, kBlockKv) {
+      flex(params.mask, kBlockKv),
+      amx(bf16) {
   if (flex_grad) {
     grad_rows.emplace(*flex_grad->program.program, flex_grad->program.captured, kBlockKv);
   }

@@ -81,10 +81,12 @@ void ProbsAndScoreGrads(const BackwardCall& call, const PackedBackwardGroup& gro
   const int64_t b = t.q.b, h = t.q.h, q_begin = t.q.q_begin, rows = t.q.rows;
   const int64_t g = t.g, kv_begin = t.kv_begin, cols = t.cols, tile = kv_begin / kBlockKv;
   if (kBf16Target && group.bf16()) {
-    Bf16Gemm({rows, kBlockKv, group.e2() / 2}, {group.q_bf16(g, q_begin), group.e2()},
-             group.k_dim_pairs(tile), {ws.probs, kBlockKv}, GemmOutput::kOverwrite);
-    Bf16Gemm({rows, kBlockKv, group.ev2() / 2}, {group.dout_bf16(g, q_begin), group.ev2()},
-             group.v_dim_pairs(tile), {ws.dscores, kBlockKv}, GemmOutput::kOverwrite);
+    Bf16GemmOn(ws.amx.active(), {rows, kBlockKv, group.e2() / 2},
+               {group.q_bf16(g, q_begin), group.e2()}, group.k_dim_pairs(tile),
+               {ws.probs, kBlockKv}, GemmOutput::kOverwrite);
+    Bf16GemmOn(ws.amx.active(), {rows, kBlockKv, group.ev2() / 2},
+               {group.dout_bf16(g, q_begin), group.ev2()}, group.v_dim_pairs(tile),
+               {ws.dscores, kBlockKv}, GemmOutput::kOverwrite);
     // Unscaled bf16 q: the scale multiplies the float32 scores, as in the forward.
     for (int64_t r = 0; r < rows; ++r) {
       ScaleRow(ws.probs + r * kBlockKv, kBlockKv, call.scale);
@@ -146,8 +148,8 @@ void AccumulateGradQ(const PackedBackwardGroup& group, const BlockPair& t,
     for (int64_t r = 0; r < rows; ++r) {
       ConvertRowToBf16(ws.dscores + r * kBlockKv, ws.ds_bf16 + r * kBlockKv, kBlockKv);
     }
-    Bf16Gemm({rows, e_pad, (cols + 1) / 2}, {ws.ds_bf16, kBlockKv}, group.k_key_pairs(tile),
-             {dq, e_pad}, GemmOutput::kAccumulate);
+    Bf16GemmOn(ws.amx.active(), {rows, e_pad, (cols + 1) / 2}, {ws.ds_bf16, kBlockKv},
+               group.k_key_pairs(tile), {dq, e_pad}, GemmOutput::kAccumulate);
     return;
   }
   Gemm({rows, e_pad, cols}, {ws.dscores, kBlockKv}, {group.k(tile), e_pad}, {dq, e_pad},
@@ -172,10 +174,10 @@ void AccumulateGradKv(const PackedBackwardGroup& group, const BlockPair& t,
                            kBlockKv);
     }
     const int64_t pairs = (rows + 1) / 2;
-    Bf16Gemm({cols, ev_pad, pairs}, {ws.p_pairs, 2, 2 * kBlockKv},
-             group.dout_row_pairs(g, q_begin), {ws.dv, ev_pad}, GemmOutput::kAccumulate);
-    Bf16Gemm({cols, e_pad, pairs}, {ws.ds_pairs, 2, 2 * kBlockKv}, group.q_row_pairs(g, q_begin),
-             {ws.dk, e_pad}, GemmOutput::kAccumulate);
+    Bf16GemmOn(ws.amx.active(), {cols, ev_pad, pairs}, {ws.p_pairs, 2, 2 * kBlockKv},
+               group.dout_row_pairs(g, q_begin), {ws.dv, ev_pad}, GemmOutput::kAccumulate);
+    Bf16GemmOn(ws.amx.active(), {cols, e_pad, pairs}, {ws.ds_pairs, 2, 2 * kBlockKv},
+               group.q_row_pairs(g, q_begin), {ws.dk, e_pad}, GemmOutput::kAccumulate);
     return;
   }
   // P^T and dS^T read in place: element (c, r) at r * kBlockKv + c.

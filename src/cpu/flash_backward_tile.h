@@ -31,6 +31,8 @@ struct FlashBackwardScratch {
   float* mod_input;  // [kBlockQ, kBlockKv]: scores as score_mod saw them
   flex::RowState flex;
   std::optional<flex::RowBuffers> grad_rows;  // evaluates FlexBackward::program
+  /// bf16 mode on an AMX CPU: this thread's tiles, configured while the scratch lives.
+  AmxTiles amx;
 
  private:
   Tensor buffer_;

@@ -37,7 +37,8 @@ FlashScratch::FlashScratch(const AttentionParams& params, bool bf16_dot)
     : head_dim_vo_padded(round_up(std::max<int64_t>(params.head_dim_vo, 1), kMaxLanes)),
       bf16_dot(bf16_dot),
       head_dim_qk_pairs2(round_up(params.head_dim_qk, 2)),
-      flex(params.mask, kBlockKv) {
+      flex(params.mask, kBlockKv),
+      amx(bf16_dot) {
   const int64_t head_dim_qk = params.head_dim_qk, head_dim_vo = params.head_dim_vo;
   // The bf16 buffers hold two elements per float slot.
   const int64_t sizes[] = {kBlockQ * head_dim_qk,

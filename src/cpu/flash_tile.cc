@@ -51,8 +51,8 @@ void ScoresAndSoftmax(const ForwardCall& call, const TileRows& tr, const PackedK
   float score_scale = 1.0f;
   if (Target::kBf16Dot && ws.bf16_dot) {
     const int64_t e2 = ws.head_dim_qk_pairs2;
-    Bf16Gemm({rows, kBlockKv, e2 / 2}, {ws.q_bf16, e2}, t.k_pairs, {ws.scores, kBlockKv},
-             GemmOutput::kOverwrite);
+    Bf16GemmOn(ws.amx.active(), {rows, kBlockKv, e2 / 2}, {ws.q_bf16, e2}, t.k_pairs,
+               {ws.scores, kBlockKv}, GemmOutput::kOverwrite);
     if (tr.needs_mask || alibi || !(call.scale > 0.0f)) {  // masks and biases add to scaled scores
       ScaleRow(ws.scores, rows * kBlockKv, call.scale);
     } else {
@@ -239,9 +239,11 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
     const bool band_fused = Target::kFusedTiles && needs_mask && !bf16 &&
                             BandTileInRegisters(p, ws, set, rows);
     // Nothing changes the scores: q.k^T and the softmax in registers (bf16 needs a
-    // positive scale, which its softmax multiplies in; float32 q carries it).
+    // positive scale, which its softmax multiplies in; float32 q carries it). On AMX the
+    // tile GEMM into ws.scores and the softmax after it are faster than vdpbf16ps in
+    // registers.
     const bool fused = (!needs_mask || band_fused) && !alibi &&
-                       (!bf16 || (p_in_bf16 && call.scale > 0.0f));
+                       (!bf16 || (p_in_bf16 && call.scale > 0.0f && !ws.amx.active()));
     if constexpr (Target::kFusedTiles) {
       if (fused) {
         if (bf16) {
@@ -290,8 +292,8 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
       }
       // Straight into total.o: P's bf16 rounding (2^-9) dwarfs the accumulator's, and the
       // partial sums cost the bf16 forward 2%.
-      Bf16Gemm({rows, ev_pad, kBlockKv / 2}, {ws.p_bf16, kBlockKv}, t.v_pairs,
-               {ws.total.o, ev_pad}, GemmOutput::kAccumulate);
+      Bf16GemmOn(ws.amx.active(), {rows, ev_pad, kBlockKv / 2}, {ws.p_bf16, kBlockKv}, t.v_pairs,
+                 {ws.total.o, ev_pad}, GemmOutput::kAccumulate);
     } else if (trimmed) {
       GemmAccumulateRowSupport({rows, ev_pad, cols}, {ws.scores, kBlockKv}, {t.v, t.v_ld},
                                {ws.partial.o, ev_pad}, support);

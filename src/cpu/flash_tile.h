@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "cpu/amx_bf16.h"
 #include "cpu/capability.h"
 #include "cpu/kernel_context.h"
 #include "cpu/mask_rows.h"
@@ -69,6 +70,9 @@ struct FlashScratch {
   ColumnRange row_keys[kBlockQ];
   /// Flex program buffers and BlockMask lookup (inactive without flex).
   flex::RowState flex;
+  /// With bf16_dot on an AMX CPU: this thread's tiles, configured while the scratch lives
+  /// (the bf16 GEMMs then run on AMX).
+  AmxTiles amx;
 
  private:
   Tensor buffer_;

@@ -52,10 +52,11 @@ std::string info_text() {
      << "cpu capability: " << backends::cpu::get_cpu_capability() << " (detected "
      << backends::cpu::detected_cpu_capability()
      << "; SDPA_CPU_CAPABILITY=" << env_or_unset("SDPA_CPU_CAPABILITY") << ")\n"
-     << "openmp: " << get_num_threads() << " threads at most per call ("
-     << omp_get_num_procs() << " processors; set_num_threads, else OMP_NUM_THREADS="
-     << env_or_unset("OMP_NUM_THREADS") << "; OMP_WAIT_POLICY="
-     << env_or_unset("OMP_WAIT_POLICY") << ")\n";
+     << "amx bf16: " << (backends::cpu::amx_bf16_available() ? "yes" : "no")
+     << " (SDPA_DISABLE_AMX=" << env_or_unset("SDPA_DISABLE_AMX") << ")\n"
+     << "openmp: " << get_num_threads() << " threads at most per call (" << omp_get_num_procs()
+     << " processors; set_num_threads, else OMP_NUM_THREADS=" << env_or_unset("OMP_NUM_THREADS")
+     << "; OMP_WAIT_POLICY=" << env_or_unset("OMP_WAIT_POLICY") << ")\n";
   os << "cuda: " << (cuda::is_built() ? "built" : "not built");
   if (cuda::is_built()) {
     os << ", " << cuda::device_count() << " device(s)";

@@ -211,6 +211,7 @@ Report make_report(const BenchOptions& o, const std::optional<MachinePeak>& peak
                {"cpu_model", bench::cpu_model_name()},
                {"cpu_capability", backends::cpu::get_cpu_capability()},
                {"avx512_bf16", bench::has_avx512_bf16()},
+               {"amx_bf16", backends::cpu::amx_bf16_available()},
                {"omp_threads", int64_t{omp_get_max_threads()}},
                {"repeats", int64_t{o.repeats}},
                {"warmup", int64_t{o.warmup}},
@@ -222,6 +223,9 @@ Report make_report(const BenchOptions& o, const std::optional<MachinePeak>& peak
     r.context.push_back({"peak_fp32_isa", peak->fp32_isa});
     r.context.push_back({"peak_fp32_gflops", peak->fp32_gflops});
     if (peak->bf16_gflops) r.context.push_back({"peak_bf16_gflops", *peak->bf16_gflops});
+    if (peak->amx_bf16_gflops) {
+      r.context.push_back({"peak_amx_bf16_gflops", *peak->amx_bf16_gflops});
+    }
     r.context.push_back({"peak_copy_gbps", peak->copy_gbps});
   }
   r.columns = {{"batch"},     {"heads_q"},         {"heads_kv"},     {"q_len"},
@@ -232,10 +236,13 @@ Report make_report(const BenchOptions& o, const std::optional<MachinePeak>& peak
   return r;
 }
 
-// The peak a row's GFLOP/s is compared with: bf16 rows with the bf16 dot peak when the CPU
-// has one, every other dtype with the fp32 FMA peak (half types compute in float32).
+// The peak a row's GFLOP/s is compared with: bf16 rows with that of the unit their
+// products run on (AMX tiles, else vdpbf16ps, when the CPU has them), every other dtype
+// with the fp32 FMA peak (half types compute in float32).
 double peak_for(const MachinePeak& peak, DType dtype) {
-  return dtype == DType::kBFloat16 && peak.bf16_gflops ? *peak.bf16_gflops : peak.fp32_gflops;
+  if (dtype != DType::kBFloat16) return peak.fp32_gflops;
+  if (peak.amx_bf16_gflops) return *peak.amx_bf16_gflops;
+  return peak.bf16_gflops ? *peak.bf16_gflops : peak.fp32_gflops;
 }
 
 int run_bench(const BenchOptions& o) {
@@ -358,7 +365,7 @@ Command add_bench_command(CLI::App& parent, std::string command_line) {
                 "Measure fp32 FMA, bf16 dot and copy bandwidth peaks first; add pct_of_peak");
   app->add_flag("--peak-only", o->peak_only,
                 "Only measure and print the peaks (as key: value lines, or JSON with --json; "
-                "peak_bf16_gflops only on CPUs with avx512_bf16)");
+                "peak_bf16_gflops only on CPUs with avx512_bf16, peak_amx_bf16_gflops with AMX)");
   app->add_option("--repeats", o->repeats, "Timed calls per row")
       ->check(integer_in(1))
       ->capture_default_str();

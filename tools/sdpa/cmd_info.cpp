@@ -25,6 +25,7 @@ nlohmann::ordered_json info_json() {
   out["cpu_capability"] = backends::cpu::get_cpu_capability();
   out["cpu_capability_detected"] = backends::cpu::detected_cpu_capability();
   out["sdpa_cpu_capability_env"] = env != nullptr ? nlohmann::ordered_json(env) : nullptr;
+  out["amx_bf16"] = backends::cpu::amx_bf16_available();
   out["omp_threads"] = omp_get_max_threads();
   out["omp_processors"] = omp_get_num_procs();
   out["plugins"] = nlohmann::ordered_json::array();

@@ -82,6 +82,38 @@ __attribute__((target("avx512f,avx512bf16"))) long dot_bf16() {
   return kIters * kChains * 32 * 2;  // 32 bf16 pairs per instruction
 }
 
+// Four accumulator tiles, each multiplied by its own A and B pair, so consecutive
+// TDPBF16PS never wait on one another; the tiles are released at the end.
+__attribute__((target("amx-tile,amx-bf16"))) long dot_amx() {
+  struct alignas(64) {
+    uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+  } config;
+  std::vector<uint16_t> a(512, 0x3f80), b(512, 0x3400);  // bf16 1.0 and 2^-23
+  float out[256];
+  _tile_loadconfig(&config);
+  _tile_loadd(4, a.data(), 64);
+  _tile_loadd(5, a.data(), 64);
+  _tile_loadd(6, b.data(), 64);
+  _tile_loadd(7, b.data(), 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  constexpr long kProducts = kIters / 16;
+  for (long i = 0; i < kProducts; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(3, out, 64);
+  _tile_release();
+  g_sink = out[0];
+  return kProducts * 4 * 16 * 16 * 32 * 2;  // a 16 x 32 by 32 x 16 product per instruction
+}
+
 // FLOP/s of `probe` run on every thread at once, best of 3 rounds.
 double parallel_rate(const std::function<long()>& probe) {
   double best = 0.0;
@@ -137,6 +169,9 @@ MachinePeak measure_peak() {
   // The vdpbf16ps kernels run only at the AVX-512 level.
   if (level == "AVX512" && __builtin_cpu_supports("avx512bf16")) {
     peak.bf16_gflops = parallel_rate(dot_bf16) / 1e9;
+  }
+  if (level == "AVX512" && backends::cpu::amx_bf16_available()) {
+    peak.amx_bf16_gflops = parallel_rate(dot_amx) / 1e9;
   }
   peak.copy_gbps = copy_bandwidth() / 1e9;
   return peak;
