@@ -95,6 +95,12 @@ struct CBlock {
   int64_t stride() const { return rows == kTileRows ? ldc * 4 : kTileBytes; }
 };
 
+// GCC 12's AVX-512 unpack intrinsics pass an undefined vector as their masked-off source,
+// which -Wmaybe-uninitialized reports at every call.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 // 32-bit words (bf16 pairs) of one 16 x 16 A tile: row r = pairs [d0, d0 + pairs) of A
 // row r0 + r, zero beyond `rows` and `pairs`.
 __attribute__((target("avx512f"))) void stage_a_tile(const Bf16PairRows& a, int64_t r0, int rows,
@@ -149,6 +155,10 @@ __attribute__((target("avx512f"))) void stage_a_tile(const Bf16PairRows& a, int6
     }
   }
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 // One block of up to 2 x 2 C tiles: C(s, j) += A(s) . B(j) over every k-step.
 __attribute__((target("amx-tile,amx-bf16"))) void amx_block(const TileSource* a_src,
