@@ -1,6 +1,7 @@
 """numpy-only tests (no torch): values and gradients against the float64 reference, the
 DLPack boundary, errors, backends, explain, dropout and info."""
 
+import os
 import subprocess
 import sys
 
@@ -299,6 +300,22 @@ def test_process_wide_flags(rng):
     for name in ("math", "mem_efficient", "cudnn", "overrideable"):
         assert isinstance(getattr(sdpa.backends, f"{name}_sdp_enabled")(), bool)
         assert callable(getattr(sdpa.backends, f"enable_{name}_sdp"))
+
+
+def test_amx_bf16_availability_follows_the_cpu_and_the_switch():
+    available = sdpa.backends.cpu.amx_bf16_available()
+    assert isinstance(available, bool)
+    flags = set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    # Linux lists amx_tile only where the CPU has it and the kernel manages its state.
+    if not {"amx_tile", "amx_bf16"} <= flags or os.environ.get("SDPA_DISABLE_AMX") == "1":
+        assert not available
 
 
 def test_cpu_capability(rng):
