@@ -362,7 +362,8 @@ Command add_bench_command(CLI::App& parent, std::string command_line) {
                 "Also time the backward (GFLOP/s as FlashAttention: 2.5x the forward's FLOPs)");
   add_variant_options(*app, o->variant);
   app->add_flag("--peak", o->peak,
-                "Measure fp32 FMA, bf16 dot and copy bandwidth peaks first; add pct_of_peak");
+                "Measure fp32 FMA, bf16 dot (vdpbf16ps, AMX) and copy bandwidth peaks first; add "
+                "pct_of_peak");
   app->add_flag("--peak-only", o->peak_only,
                 "Only measure and print the peaks (as key: value lines, or JSON with --json; "
                 "peak_bf16_gflops only on CPUs with avx512_bf16, peak_amx_bf16_gflops with AMX)");
