@@ -485,7 +485,8 @@ def test_info_module():
     lines = run.stdout.splitlines()
     assert lines[0] == f"sdpa {sdpa.__version__}"
     assert lines[1].startswith("cpu capability: ")
-    assert lines[2].startswith("openmp: ")
+    assert lines[2].startswith("amx bf16: ")
+    assert lines[3].startswith("openmp: ")
     assert "backends in priority order (probe: a float32 cpu call):" in run.stdout
     for name in ("MATH", "FLASH_ATTENTION", "CUDNN_ATTENTION"):
         assert any(line.strip().startswith(name) for line in lines)
