@@ -290,12 +290,10 @@ void AmxBf16Gemm(const GemmDims& dims, const Bf16PairRows& a, const uint16_t* b,
         stage_a_tile(a, row, block_rows[s], 16 * k, pairs, staged + k * kTileWords);
       }
       const uint8_t* staged_bytes = reinterpret_cast<const uint8_t*>(staged);
-      a_src[s] = in_place
-                     ? TileSource{reinterpret_cast<const uint8_t*>(a.data + row * a.ld), kTileBytes,
-                                  2 * a.ld, staged_bytes + full_steps * kTileWords * 4}
-                     : TileSource{staged_bytes, kTileWords * 4, kTileBytes,
-                                  staged_bytes + full_steps * kTileWords * 4};
-      if (tail_pairs == 0) a_src[s].tail = nullptr;
+      const uint8_t* tail = tail_pairs > 0 ? staged_bytes + full_steps * kTileWords * 4 : nullptr;
+      a_src[s] = in_place ? TileSource{reinterpret_cast<const uint8_t*>(a.data + row * a.ld),
+                                       kTileBytes, 2 * a.ld, tail}
+                          : TileSource{staged_bytes, kTileWords * 4, kTileBytes, tail};
     }
     for (int64_t j = 0; j < col_tiles; j += 2) {
       const bool two_cols = j + 1 < col_tiles;
