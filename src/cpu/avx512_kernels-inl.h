@@ -14,6 +14,7 @@
 #define SDPA_CPU_AVX512_KERNELS_INL_H_
 #endif
 
+#include "core/kernel_inline.h"
 #include "cpu/lazy_softmax-inl.h"
 #include "cpu/qk_softmax_bf16-inl.h"
 #include "cpu/qk_softmax_f32-inl.h"
@@ -32,14 +33,14 @@ struct Avx512Kernels {
   static constexpr bool kFusedTiles = true;
   static constexpr auto& SoftmaxToBf16 = SoftmaxTileToBf16;
   static constexpr auto& QkSoftmaxBf16 = QkSoftmaxTileBf16;
-  static HWY_INLINE void QkSoftmaxF32(const QueryRows<float>& q, const KeyTile<float>& k,
-                                      const SoftmaxRows& state, float* HWY_RESTRICT p) {
+  static SDPA_INLINE void QkSoftmaxF32(const QueryRows<float>& q, const KeyTile<float>& k,
+                                       const SoftmaxRows& state, float* HWY_RESTRICT p) {
     QkSoftmaxTileF32(q, k, state, p);
   }
   /// QkSoftmaxF32 with a flex score_mod that runs on registers applied to the scores.
-  static HWY_INLINE void QkScoreModSoftmaxF32(const QueryRows<float>& q, const KeyTile<float>& k,
-                                              const FlexScoreModRows& mod,
-                                              const SoftmaxRows& state, float* HWY_RESTRICT p) {
+  static SDPA_INLINE void QkScoreModSoftmaxF32(const QueryRows<float>& q, const KeyTile<float>& k,
+                                               const FlexScoreModRows& mod,
+                                               const SoftmaxRows& state, float* HWY_RESTRICT p) {
     QkSoftmaxTileF32(q, k, state, p, mod);
   }
   /// QkSoftmaxF32 of a tile whose rows keep intervals of its keys (QkBandSoftmaxTileF32).

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "core/kernel_inline.h"
 #include "cpu/bf16_decode.h"
 #include "cpu/bf16_dot.h"
 #include "cpu/decode_routes-inl.h"
@@ -27,15 +28,15 @@ namespace HWY_NAMESPACE {
 #if HWY_TARGET == HWY_AVX3
 // What the rows are multiplied by: a float8 cache's scale (the table widens codes to their
 // values; a staged float8 tile holds them widened to bf16 already), 1 for a bf16 cache.
-HWY_INLINE float RowDequant(const RowView& rows) { return rows.dequant_scale(); }
+SDPA_INLINE float RowDequant(const RowView& rows) { return rows.dequant_scale(); }
 
 /// Key route: key rows of unit stride by vdpbf16ps, T = uint16_t for bf16 rows or uint8_t
 /// for a float8 cache's; q as bf16 bits, unscaled (the scale, and a float8 cache's key
 /// scale, multiply the float32 scores).
 template <class T>
 struct Bf16Keys {
-  HWY_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
-                            int64_t r) const {
+  SDPA_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
+                             int64_t r) const {
     const int64_t E = call.k_rows.cols();
     const uint16_t* src = static_cast<const uint16_t*>(q_rows.row_data(i));
     uint16_t* dst = call.q_bf16 + r * call.e_pad;
@@ -46,8 +47,8 @@ struct Bf16Keys {
   // tile's requests at once overflow the miss queues and are dropped). Value rows are
   // requested by the P.v pass of the tile before theirs, except the first tile's,
   // requested here with the keys.
-  HWY_INLINE void ScoreTile(const DecodeCall& call, int64_t j0, int64_t g_begin,
-                            int64_t g_end) const {
+  SDPA_INLINE void ScoreTile(const DecodeCall& call, int64_t j0, int64_t g_begin,
+                             int64_t g_end) const {
     const RowView& k_rows = call.k_rows;
     const int64_t S = call.S;
     for (int64_t c = g_begin; c < g_end; c += 16) {
@@ -74,7 +75,7 @@ struct Bf16Values {
   static constexpr bool kRescalesAcc = true;  // Bf16AccumulateValues applies alpha
   /// P goes to bf16 as the softmax computes it, except where dropout needs float32 P.
   bool p_in_bf16;
-  HWY_INLINE void Softmax(const DecodeCall& call) const {
+  SDPA_INLINE void Softmax(const DecodeCall& call) const {
     DecodeScratch& ws = call.ws;
     const ScoreRows scores{ws.scores, call.rows, 1.0f};
     if (p_in_bf16) {
@@ -83,8 +84,8 @@ struct Bf16Values {
       SoftmaxTile(scores, nullptr, call.state);
     }
   }
-  HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin,
-                             int64_t c_end) const {
+  SDPA_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin,
+                              int64_t c_end) const {
     DecodeScratch& ws = call.ws;
     const RowView& v_rows = call.v_rows;
     // Keys in pairs from an even column; P is 0 at masked columns (and past c_end).
@@ -113,7 +114,7 @@ struct Bf16Values {
                             {call.state.alpha, call.state.o, call.ev_pad},
                             {next_rows, 0, v_rows.cols(), next});
   }
-  HWY_INLINE void Finish(const DecodeCall& call) const {
+  SDPA_INLINE void Finish(const DecodeCall& call) const {
     static_assert(kDecodeRowPad % kValueBlock == 0);
     for (int64_t r = 0; r < call.rows; ++r) {
       ValueOrderToElements(call.state.o + r * call.ev_pad, call.ev_pad);
@@ -126,7 +127,7 @@ struct Bf16Values {
 
 /// Calls f(key route, value route) with the routes of a call whose scratch is ws.
 template <class F>
-HWY_INLINE void WithDecodeRoutes(const DecodeScratch& ws, bool has_dropout, const F& f) {
+SDPA_INLINE void WithDecodeRoutes(const DecodeScratch& ws, bool has_dropout, const F& f) {
   if (!ws.bf16_keys) return WithFloat32Routes(ws, f);
   if (ws.kv_rows == KvRows::kFloat8E4M3FN && !ws.stage_widens) {
     if (ws.bf16_values) return f(Bf16Keys<uint8_t>(), Bf16Values<uint8_t>{!has_dropout});
@@ -138,7 +139,7 @@ HWY_INLINE void WithDecodeRoutes(const DecodeScratch& ws, bool has_dropout, cons
 #else
 /// Calls f(key route, value route) with the routes of a call whose scratch is ws.
 template <class F>
-HWY_INLINE void WithDecodeRoutes(const DecodeScratch& ws, bool, const F& f) {
+SDPA_INLINE void WithDecodeRoutes(const DecodeScratch& ws, bool, const F& f) {
   WithFloat32Routes(ws, f);
 }
 #endif

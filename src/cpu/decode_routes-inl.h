@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "core/kernel_inline.h"
 #include "cpu/decode_rows-inl.h"
 #include "cpu/flash_decode.h"
 #include "cpu/gemm-inl.h"
@@ -55,8 +56,8 @@ struct DecodeCall {
 
 // dst[0, padded) = row r of `rows` as float32 (times `multiplier`), zero beyond cols():
 // q rows, and key / value rows not read in place (other strides, the scalar target).
-HWY_INLINE void LoadRow(const RowView& rows, int64_t r, int64_t padded, float* HWY_RESTRICT dst,
-                        float multiplier = 1.0f) {
+SDPA_INLINE void LoadRow(const RowView& rows, int64_t r, int64_t padded, float* HWY_RESTRICT dst,
+                         float multiplier = 1.0f) {
   rows.load(r, dst, multiplier);
   std::fill(dst + rows.cols(), dst + padded, 0.0f);
 }
@@ -67,7 +68,7 @@ HWY_INLINE void LoadRow(const RowView& rows, int64_t r, int64_t padded, float* H
 // demand loads need (one thread streamed 8.8 GB/s that way, 10.9 GB/s into L2).
 inline constexpr int64_t kPrefetchRows = 32;
 
-HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
+SDPA_INLINE void Prefetch(const RowView& rows, int64_t r) {
   if (rows.is_window()) return;
   const char* row = static_cast<const char*>(rows.row_data(r));
   const int64_t bytes = rows.cols() * rows.col_stride() * rows.element_bytes();
@@ -77,7 +78,7 @@ HWY_INLINE void Prefetch(const RowView& rows, int64_t r) {
 // Requests this head's slices of a staged call's next-tile rows [c_begin, c_end) (none for
 // other calls) as the key route scores its keys [c_begin, c_end): spread over the route's
 // groups, as a tile's requests at once overflow the miss queues.
-HWY_INLINE void RequestNextTile(const DecodeCall& call, int64_t c_begin, int64_t c_end) {
+SDPA_INLINE void RequestNextTile(const DecodeCall& call, int64_t c_begin, int64_t c_end) {
   const StagedTileAhead* next = call.next_tile;
   if (next == nullptr) return;
   for (int64_t c = c_begin; c < std::min(c_end, kBlockKv); ++c) {
@@ -95,7 +96,7 @@ HWY_INLINE void RequestNextTile(const DecodeCall& call, int64_t c_begin, int64_t
 
 // The rows of the tile after the one at j0, for the P.v passes to request. Past the chunk's
 // end too: the next chunk is usually this thread's next item (flash_decode.cpp).
-HWY_INLINE RowsAhead NextTileRows(const RowView& rows, int64_t j0, int64_t S) {
+SDPA_INLINE RowsAhead NextTileRows(const RowView& rows, int64_t j0, int64_t S) {
   const int64_t next = j0 + kBlockKv;
   if (next >= S || rows.is_window()) return {nullptr, 0, rows.element_bytes()};
   // Rows one stride apart only (a paged view's run ends with its page).
@@ -105,7 +106,7 @@ HWY_INLINE RowsAhead NextTileRows(const RowView& rows, int64_t j0, int64_t S) {
 
 // The next tile's rows that NextTileRows' run of `run` rows leaves out (the later pages
 // of a paged cache), requested one by one; none for strided rows.
-HWY_INLINE void PrefetchRestOfNextTile(const RowView& rows, int64_t j0, int64_t S, int64_t run) {
+SDPA_INLINE void PrefetchRestOfNextTile(const RowView& rows, int64_t j0, int64_t S, int64_t run) {
   const int64_t next = j0 + kBlockKv, end = rows.is_window() ? next : std::min(S, next + kBlockKv);
   for (int64_t r = next + run; r < end; ++r) Prefetch(rows, r);
 }
@@ -113,7 +114,7 @@ HWY_INLINE void PrefetchRestOfNextTile(const RowView& rows, int64_t j0, int64_t 
 // ws.scores[r * kBlockKv + c] = q_r . key_c for rows r < call.rows and keys c in [c0, c1)
 // (multiples of the lane count): q_r row r of call.q, key_c row c of ws.tile (both e_pad
 // long).
-HWY_INLINE void ScoreKeys(const DecodeCall& call, int64_t c0, int64_t c1) {
+SDPA_INLINE void ScoreKeys(const DecodeCall& call, int64_t c0, int64_t c1) {
   const hn::ScalableTag<float> d;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
   const float* HWY_RESTRICT q = call.q;
@@ -140,14 +141,14 @@ HWY_INLINE void ScoreKeys(const DecodeCall& call, int64_t c0, int64_t c1) {
 /// Key route: key rows converted into ws.tile as float32 (any stride and target).
 struct KeysInTile {
   /// Query row r of the call <- row i of q_rows, times the scale.
-  HWY_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
-                            int64_t r) const {
+  SDPA_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
+                             int64_t r) const {
     LoadRow(q_rows, i, call.e_pad, call.q + r * call.e_pad, call.scale);
   }
   /// Scores of the tile at j0 for keys [g_begin, g_end) (whole vectors; keys past kv_len
   /// score 0, masked by the caller).
-  HWY_INLINE void ScoreTile(const DecodeCall& call, int64_t j0, int64_t g_begin,
-                            int64_t g_end) const {
+  SDPA_INLINE void ScoreTile(const DecodeCall& call, int64_t j0, int64_t g_begin,
+                             int64_t g_end) const {
     DecodeScratch& ws = call.ws;
     for (int64_t c = g_begin; c < g_end; ++c) {
       float* key = ws.tile + c * call.e_pad;
@@ -168,7 +169,7 @@ struct KeysInTile {
 struct Float32Probabilities {
   static constexpr bool kRescalesAcc = false;
   /// Online softmax of ws.scores' rows into call.state: P over the scores.
-  HWY_INLINE void Softmax(const DecodeCall& call) const {
+  SDPA_INLINE void Softmax(const DecodeCall& call) const {
     SoftmaxTile({call.ws.scores, call.rows, 1.0f}, nullptr, call.state);
   }
 };
@@ -177,8 +178,8 @@ struct Float32Probabilities {
 struct ValuesInTile : Float32Probabilities {
   static constexpr bool kInPlace = false;
   /// acc += P[:, c_begin, c_end) . value rows j0 + [c_begin, c_end).
-  HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin,
-                             int64_t c_end) const {
+  SDPA_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin,
+                              int64_t c_end) const {
     DecodeScratch& ws = call.ws;
     const int64_t ev_pad = call.ev_pad;
     for (int64_t c = c_begin; c < c_end; ++c) {
@@ -191,13 +192,13 @@ struct ValuesInTile : Float32Probabilities {
          {ws.tile + c_begin * ev_pad, ev_pad}, {call.state.o, ev_pad}, GemmOutput::kAccumulate);
   }
   /// Puts the accumulators in element order (they are).
-  HWY_INLINE void Finish(const DecodeCall&) const {}
+  SDPA_INLINE void Finish(const DecodeCall&) const {}
 };
 
 #if HWY_TARGET != HWY_SCALAR
 // f(std::integral_constant<KvRows, kind>()): the in-place kernels compiled per row type.
 template <class F>
-HWY_INLINE void ForKvRows(KvRows kind, const F& f) {
+SDPA_INLINE void ForKvRows(KvRows kind, const F& f) {
   switch (kind) {
     case KvRows::kBFloat16: return f(std::integral_constant<KvRows, KvRows::kBFloat16>());
     case KvRows::kFloat16: return f(std::integral_constant<KvRows, KvRows::kFloat16>());
@@ -213,7 +214,7 @@ HWY_INLINE void ForKvRows(KvRows kind, const F& f) {
 // they belong to the chunk's first tile (the P.v pass of the tile before requests the
 // others).
 template <KvRows kRows>
-HWY_INLINE void ScoreKeyGroupInPlace(const DecodeCall& call, int64_t j0, int64_t c) {
+SDPA_INLINE void ScoreKeyGroupInPlace(const DecodeCall& call, int64_t j0, int64_t c) {
   using T = KvElement<kRows>;
   constexpr int64_t kBlock = SplitBlock(), lanes = kBlock / 2;
   const RowView& k_rows = call.k_rows;
@@ -240,8 +241,8 @@ HWY_INLINE void ScoreKeyGroupInPlace(const DecodeCall& call, int64_t j0, int64_t
 // j0 + [c_begin, c_end) read in place, P in ws.scores; requests the rows of the tile after
 // the one at j0 on the way.
 template <KvRows kRows>
-HWY_INLINE void AccumulateTileInPlace(const DecodeCall& call, int64_t j0, int64_t c_begin,
-                                      int64_t c_end) {
+SDPA_INLINE void AccumulateTileInPlace(const DecodeCall& call, int64_t j0, int64_t c_begin,
+                                       int64_t c_end) {
   using T = KvElement<kRows>;
   constexpr int64_t kBlock = SplitBlock();
   const RowView& v_rows = call.v_rows;
@@ -261,7 +262,7 @@ HWY_INLINE void AccumulateTileInPlace(const DecodeCall& call, int64_t j0, int64_
 
 // What the accumulators of rows read in place are multiplied by: a float8 cache's scale
 // times the factor its in-place conversion leaves out (decode_rows-inl.h), else 1.
-HWY_INLINE float InPlaceDequant(KvRows kind, const RowView& rows) {
+SDPA_INLINE float InPlaceDequant(KvRows kind, const RowView& rows) {
   return kind == KvRows::kFloat8E4M3FN ? rows.dequant_scale() * kE4M3FNInPlaceFactor : 1.0f;
 }
 
@@ -269,14 +270,14 @@ HWY_INLINE float InPlaceDequant(KvRows kind, const RowView& rows) {
 /// need q in the split layout (decode_rows-inl.h); a float8 cache's key scale goes into q.
 struct KeysInPlace {
   KvRows kind;
-  HWY_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
-                            int64_t r) const {
+  SDPA_INLINE void LoadQuery(const DecodeCall& call, const RowView& q_rows, int64_t i,
+                             int64_t r) const {
     float* q = call.q + r * call.e_pad;
     LoadRow(q_rows, i, call.e_pad, q, call.scale * InPlaceDequant(kind, call.k_rows));
     if (kind == KvRows::kBFloat16) SplitRow(q, round_up(call.k_rows.cols(), SplitBlock()));
   }
-  HWY_INLINE void ScoreTile(const DecodeCall& call, int64_t j0, int64_t g_begin,
-                            int64_t g_end) const {
+  SDPA_INLINE void ScoreTile(const DecodeCall& call, int64_t j0, int64_t g_begin,
+                             int64_t g_end) const {
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
     ForKvRows(kind, [&](auto rows_kind) HWY_ATTR {
       for (int64_t c = g_begin; c < g_end; c += lanes) {
@@ -292,13 +293,13 @@ struct KeysInPlace {
 struct ValuesInPlace : Float32Probabilities {
   static constexpr bool kInPlace = true;
   KvRows kind;
-  HWY_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin,
-                             int64_t c_end) const {
+  SDPA_INLINE void Accumulate(const DecodeCall& call, int64_t j0, int64_t c_begin,
+                              int64_t c_end) const {
     ForKvRows(kind, [&](auto rows_kind) HWY_ATTR {
       AccumulateTileInPlace<decltype(rows_kind)::value>(call, j0, c_begin, c_end);
     });
   }
-  HWY_INLINE void Finish(const DecodeCall& call) const {
+  SDPA_INLINE void Finish(const DecodeCall& call) const {
     if (kind == KvRows::kFloat8E4M3FN) {
       ScaleRow(call.state.o, call.rows * call.ev_pad, InPlaceDequant(kind, call.v_rows));
     }
@@ -312,7 +313,7 @@ struct ValuesInPlace : Float32Probabilities {
 /// Calls f(key route, value route) with the routes of a call whose rows do not go through
 /// vdpbf16ps: in place where the rows allow it (not on the scalar target).
 template <class F>
-HWY_INLINE void WithFloat32Routes([[maybe_unused]] const DecodeScratch& ws, const F& f) {
+SDPA_INLINE void WithFloat32Routes([[maybe_unused]] const DecodeScratch& ws, const F& f) {
 #if HWY_TARGET != HWY_SCALAR
   if (ws.key_rows_in_place) {
     if (ws.value_rows_in_place) return f(KeysInPlace{ws.kv_rows}, ValuesInPlace{{}, ws.kv_rows});

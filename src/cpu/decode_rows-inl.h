@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/kernel_inline.h"
 #include "cpu/flash_decode.h"
 #include "cpu/reduce_lanes-inl.h"
 #include "cpu/rows.h"
@@ -44,13 +45,13 @@ using KvElement = std::conditional_t<
     std::conditional_t<kRows == KvRows::kFloat8E4M3FN, uint8_t, uint16_t>>;
 
 /// Elements per block: two float32 vectors.
-HWY_INLINE constexpr int64_t SplitBlock() {
+SDPA_INLINE constexpr int64_t SplitBlock() {
   return 2 * static_cast<int64_t>(hn::MaxLanes(hn::ScalableTag<float>()));
 }
 
 /// Puts row[0, n) (n a multiple of SplitBlock()) into split layout, in place; with
 /// `unsplit`, back from it.
-HWY_INLINE void SplitRow(float* HWY_RESTRICT row, int64_t n, bool unsplit = false) {
+SDPA_INLINE void SplitRow(float* HWY_RESTRICT row, int64_t n, bool unsplit = false) {
   constexpr int64_t B = SplitBlock(), N = B / 2;
   float block[B];
   for (int64_t e = 0; e < n; e += B) {
@@ -102,8 +103,8 @@ struct RowsToRequest {
 /// end, k < n: the partial last block of each row, so the kernels below load whole blocks
 /// without reading past a row.
 template <typename T>
-HWY_INLINE void GatherTails(const T* const* rows, int64_t n, int64_t full, int64_t cols,
-                            T* HWY_RESTRICT tails) {
+SDPA_INLINE void GatherTails(const T* const* rows, int64_t n, int64_t full, int64_t cols,
+                             T* HWY_RESTRICT tails) {
   constexpr int64_t B = SplitBlock();
   for (int64_t k = 0; k < n; ++k) {
     T* dst = tails + k * B;
@@ -123,8 +124,8 @@ namespace detail {
 // integer ops per 16 codes, where building each float16 from the code's magnitude and
 // sign took nine per 8: the float8 decode at the AVX2 level is bound by these ops.
 template <class D>
-HWY_INLINE void LoadE4M3(D d, const uint8_t* HWY_RESTRICT src, hn::Vec<D>& first,
-                         hn::Vec<D>& second) {
+SDPA_INLINE void LoadE4M3(D d, const uint8_t* HWY_RESTRICT src, hn::Vec<D>& first,
+                          hn::Vec<D>& second) {
 #if HWY_TARGET > HWY_AVX2
   // Below AVX2 Highway emulates the float16 promotion without NaN (see LoadBlock).
   HWY_ALIGN float widened[2 * HWY_MAX_BYTES / sizeof(float)];
@@ -153,8 +154,8 @@ HWY_INLINE void LoadE4M3(D d, const uint8_t* HWY_RESTRICT src, hn::Vec<D>& first
 // elements (split layout), otherwise its first and last N (float8_e4m3fn: each value /
 // kE4M3FNInPlaceFactor).
 template <KvRows kRows, class D>
-HWY_INLINE void LoadBlock(D d, const KvElement<kRows>* HWY_RESTRICT src, hn::Vec<D>& first,
-                          hn::Vec<D>& second) {
+SDPA_INLINE void LoadBlock(D d, const KvElement<kRows>* HWY_RESTRICT src, hn::Vec<D>& first,
+                           hn::Vec<D>& second) {
   if constexpr (kRows == KvRows::kFloat8E4M3FN) {
     LoadE4M3(d, src, first, second);
   } else if constexpr (kRows == KvRows::kBFloat16) {
@@ -190,7 +191,7 @@ HWY_INLINE void LoadBlock(D d, const KvElement<kRows>* HWY_RESTRICT src, hn::Vec
 
 // Requests block `e` of row k of `ahead` (rows `stride` elements apart).
 template <KvRows kRows>
-HWY_INLINE void PrefetchBlock(const RowsAhead& ahead, int64_t stride, int64_t k, int64_t e) {
+SDPA_INLINE void PrefetchBlock(const RowsAhead& ahead, int64_t stride, int64_t k, int64_t e) {
   constexpr int64_t kBytes = SplitBlock() * static_cast<int64_t>(sizeof(KvElement<kRows>));
   const char* block = static_cast<const char*>(ahead.rows) +
                       (k * stride + e) * static_cast<int64_t>(sizeof(KvElement<kRows>));
@@ -213,9 +214,9 @@ struct ValueBlock {
 // p.row(r)[k] * value row k's block e, for r < R. Requests block e of row k of `ahead` as
 // it reads value row k's.
 template <KvRows kRows, int R, class D>
-HWY_INLINE void AccumulateBlock(D d, const FloatRows<const float>& p,
-                                const ValueBlock<kRows>& values, const FloatRows<float>& acc,
-                                const RowsToRequest& ahead) {
+SDPA_INLINE void AccumulateBlock(D d, const FloatRows<const float>& p,
+                                 const ValueBlock<kRows>& values, const FloatRows<float>& acc,
+                                 const RowsToRequest& ahead) {
   using V = hn::Vec<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
   // The fields as scalars for the key loop: read through `ahead` there, the prefetch
@@ -253,8 +254,8 @@ HWY_INLINE void AccumulateBlock(D d, const FloatRows<const float>& p,
 // registers over the head dim; per-(row, key) lane partials are then reduced lanewise by
 // one ReduceLanesTree per row.
 template <KvRows kRows, int R, class D>
-HWY_INLINE void ScoreRows(D d, const FloatRows<const float>& q, const InPlaceRows<kRows>& keys,
-                          const FloatRows<float>& scores) {
+SDPA_INLINE void ScoreRows(D d, const FloatRows<const float>& q, const InPlaceRows<kRows>& keys,
+                           const FloatRows<float>& scores) {
   using V = hn::Vec<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
   const float* HWY_RESTRICT q_data = q.data;
@@ -300,8 +301,8 @@ HWY_INLINE void ScoreRows(D d, const FloatRows<const float>& q, const InPlaceRow
 /// layout of kRows (padded with zeros to a whole block past keys.full), keys.rows[k] the N
 /// key rows (keys.n = N). Rows go four at a time.
 template <KvRows kRows>
-HWY_INLINE void ScoreKeysInPlace(const FloatRows<const float>& q, const InPlaceRows<kRows>& keys,
-                                 const FloatRows<float>& scores) {
+SDPA_INLINE void ScoreKeysInPlace(const FloatRows<const float>& q, const InPlaceRows<kRows>& keys,
+                                  const FloatRows<float>& scores) {
   const hn::ScalableTag<float> d;
   for (int64_t r0 = 0; r0 < q.rows; r0 += 4) {
     const FloatRows<const float> qr = q.from(r0);
@@ -328,9 +329,9 @@ HWY_INLINE void ScoreKeysInPlace(const FloatRows<const float>& q, const InPlaceR
 /// of `ahead` (values.cols elements each) are requested into L2 on the way, block by
 /// block with the value rows read.
 template <KvRows kRows>
-HWY_INLINE void AccumulateValuesInPlace(const FloatRows<const float>& p,
-                                        const InPlaceRows<kRows>& values,
-                                        const FloatRows<float>& acc, const RowsToRequest& ahead) {
+SDPA_INLINE void AccumulateValuesInPlace(const FloatRows<const float>& p,
+                                         const InPlaceRows<kRows>& values,
+                                         const FloatRows<float>& acc, const RowsToRequest& ahead) {
   const hn::ScalableTag<float> d;
   constexpr int64_t B = SplitBlock();
   const int64_t rows = p.rows, n = values.n, full = values.full;

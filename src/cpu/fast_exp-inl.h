@@ -9,6 +9,7 @@
 #define SDPA_CPU_FAST_EXP_INL_H_
 #endif
 
+#include "core/kernel_inline.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -24,7 +25,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // fitted 1.00000007 rounds to 1 + 2^-23, which compounded once per key tile: 4.5e-5
 // relative error after 1000 masked tiles).
 template <class D, class V>
-HWY_INLINE V Exp2Fraction(D d, V f) {
+SDPA_INLINE V Exp2Fraction(D d, V f) {
   V poly = hn::MulAdd(hn::Set(d, 1.3202981790527701e-3f), f, hn::Set(d, 9.674952365458012e-3f));
   poly = hn::MulAdd(poly, f, hn::Set(d, 5.5510472506284714e-2f));
   poly = hn::MulAdd(poly, f, hn::Set(d, 2.4022166430950165e-1f));
@@ -37,7 +38,7 @@ HWY_INLINE V Exp2Fraction(D d, V f) {
 // 2^-8 = 3.9e-3; the row sums and the logsumexp, kept in float32, stay within float32
 // tolerances (degree 3, at 7.5e-5, would not). Four FMAs instead of five.
 template <class D, class V>
-HWY_INLINE V Exp2FractionBf16(D d, V f) {
+SDPA_INLINE V Exp2FractionBf16(D d, V f) {
   V poly = hn::MulAdd(hn::Set(d, 9.582576341927052e-3f), f, hn::Set(d, 5.590682849287987e-2f));
   poly = hn::MulAdd(poly, f, hn::Set(d, 2.4024106562137604e-1f));
   poly = hn::MulAdd(poly, f, hn::Set(d, 6.931241154670715e-1f));
@@ -52,7 +53,7 @@ HWY_INLINE V Exp2FractionBf16(D d, V f) {
 // float-to-int conversion (which Highway's AVX2 ConvertTo follows with a four-instruction
 // overflow fix-up) and the bias's integer add; |t - n| <= 1/2 either way.
 template <class D, class V>
-HWY_INLINE V Exp2Unclamped(D d, V t) {
+SDPA_INLINE V Exp2Unclamped(D d, V t) {
   const hn::RebindToSigned<D> di;
   const V kRoundMagic = hn::Set(d, 12583039.0f);  // 1.5 * 2^23 + 127, exact
   const V shifted = hn::Add(t, kRoundMagic);
@@ -74,7 +75,7 @@ HWY_INLINE V Exp2Unclamped(D d, V t) {
 // default for bf16): no clamp, for callers whose t stays small: <= 0 with the max
 // subtracted, <= 8 under the fused tiles' lazy max (lazy_softmax-inl.h).
 template <bool kForBf16 = false, bool kSmallArguments = kForBf16, class D>
-HWY_INLINE hn::Vec512<float> Exp2OrZero(D d, __mmask16 keep, hn::Vec512<float> t) {
+SDPA_INLINE hn::Vec512<float> Exp2OrZero(D d, __mmask16 keep, hn::Vec512<float> t) {
   if (!kSmallArguments) t = hn::Min(hn::Set(d, 127.0f), t);  // x86 min keeps a NaN second operand
   // The masked form with every lane set: the plain intrinsic passes GCC 12's
   // _mm512_undefined_ps(), which -Wmaybe-uninitialized reports wherever it is inlined.
@@ -92,7 +93,7 @@ inline constexpr float kLog2e = 1.44269504088896341f;
 /// 2^(x log2 e); exactly 0 below -87 (so -inf, a masked score, gives 0), NaN for NaN. Cheaper than
 /// a general exp, which matters because the softmax shares the FMA ports with the GEMMs.
 template <class D, class V>
-HWY_INLINE V FastExp(D d, V x) {
+SDPA_INLINE V FastExp(D d, V x) {
   const V result = Exp2Unclamped(d, hn::Mul(x, hn::Set(d, kLog2e)));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), result);
 }
@@ -101,24 +102,24 @@ HWY_INLINE V FastExp(D d, V x) {
 /// The softmax passes t = s * (scale log2 e) - max * log2 e for unscaled scores: the scale and log2
 /// e fold into one FMA (FlashAttention's exp2 trick).
 template <class D, class V>
-HWY_INLINE V FastExp2(D d, V t) {
+SDPA_INLINE V FastExp2(D d, V t) {
   return hn::IfThenZeroElse(hn::Lt(t, hn::Set(d, -125.5f)), Exp2Unclamped(d, t));
 }
 
 #if HWY_TARGET == HWY_AVX3
 /// The lanes of x whose exponential is not flushed to zero: x >= `lowest`, or NaN (an
 /// unordered compare: a NaN score must give a NaN probability, as in PyTorch).
-HWY_INLINE __mmask16 ExpKeep(__m512 x, float lowest) {
+SDPA_INLINE __mmask16 ExpKeep(__m512 x, float lowest) {
   return _mm512_cmp_ps_mask(x, _mm512_set1_ps(lowest), _CMP_NLT_UQ);
 }
 
 template <class D>
-HWY_INLINE hn::Vec512<float> FastExp(D d, hn::Vec512<float> x) {
+SDPA_INLINE hn::Vec512<float> FastExp(D d, hn::Vec512<float> x) {
   return Exp2OrZero(d, ExpKeep(x.raw, -87.0f), hn::Mul(x, hn::Set(d, kLog2e)));
 }
 
 template <class D>
-HWY_INLINE hn::Vec512<float> FastExp2(D d, hn::Vec512<float> t) {
+SDPA_INLINE hn::Vec512<float> FastExp2(D d, hn::Vec512<float> t) {
   return Exp2OrZero(d, ExpKeep(t.raw, -125.5f), t);
 }
 #endif

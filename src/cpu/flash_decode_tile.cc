@@ -15,6 +15,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/kernel_inline.h"
 #include "cpu/decode_bf16_avx3-inl.h"
 #include "cpu/decode_routes-inl.h"
 #include "cpu/e4m3_bf16.h"
@@ -41,8 +42,8 @@ struct DecodeRoutes {
 // The union of the chunk's rows' keys within [kv_begin, kv_end) (ws.row_keys gets each
 // row's row_columns), with the rows' queries loaded by the key route.
 template <class KeyRoute>
-HWY_INLINE ColumnRange ChunkKeys(const KeyRoute& keys, const DecodeCall& call,
-                                 const AttentionParams& p, const DecodeItem& item) {
+SDPA_INLINE ColumnRange ChunkKeys(const KeyRoute& keys, const DecodeCall& call,
+                                  const AttentionParams& p, const DecodeItem& item) {
   const int64_t L = p.q_len, G = p.group_size();
   ColumnRange visible{item.kv_end, item.kv_begin};
   for (int64_t r = 0; r < call.rows; ++r) {
@@ -67,8 +68,8 @@ struct DecodeTileSpan {
 
 // One key tile of a chunk: scores, masks, the online softmax of call.state, P.v.
 template <class Routes>
-HWY_INLINE void DecodeTile(const Routes& routes, const AttentionParams& p, const DecodeItem& item,
-                           const DecodeCall& call, const DecodeTileSpan& tile) {
+SDPA_INLINE void DecodeTile(const Routes& routes, const AttentionParams& p, const DecodeItem& item,
+                            const DecodeCall& call, const DecodeTileSpan& tile) {
   const int64_t L = p.q_len, G = p.group_size(), j0 = tile.j0;
   const int64_t cols = std::min(kBlockKv, p.kv_len - j0);
   const int64_t c_begin = std::max<int64_t>(tile.visible.begin - j0, 0);
@@ -115,8 +116,8 @@ constexpr int64_t kStagePrefetchRows = 16;
 // `last`) on the way. The stage's other rows of the tile are zeroed: the key routes score
 // whole vectors of keys, also past the visible ones (scores they then mask), which must
 // not read another item's rows or uninitialized memory.
-HWY_INLINE void StageTile(const AttentionParams& p, const DecodeItem& item, DecodeScratch& ws,
-                          int64_t j0, ColumnRange rows, int64_t last) {
+SDPA_INLINE void StageTile(const AttentionParams& p, const DecodeItem& item, DecodeScratch& ws,
+                           int64_t j0, ColumnRange rows, int64_t last) {
   const struct {
     RowView cache;
     char* stage;
@@ -165,8 +166,17 @@ void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const Decod
   // visible keys are known.
   const auto call_of = [&](int64_t h, const RowView& k_rows, const RowView& v_rows) {
     HeadRows& head = heads[h];
-    return DecodeCall{k_rows, v_rows, ValueRoute::kInPlace ? &v_rows : nullptr, ws, head.q,
-                      head.q_bf16, rows, S, ws.head_dim_qk_padded, ws.head_dim_vo_padded, 0,
+    return DecodeCall{k_rows,
+                      v_rows,
+                      ValueRoute::kInPlace ? &v_rows : nullptr,
+                      ws,
+                      head.q,
+                      head.q_bf16,
+                      rows,
+                      S,
+                      ws.head_dim_qk_padded,
+                      ws.head_dim_vo_padded,
+                      0,
                       static_cast<float>(p.scale),
                       SoftmaxRows{head.m, head.l, head.alpha, out[h].o, ws.head_dim_vo_padded}};
   };
@@ -188,8 +198,7 @@ void DecodeChunkWith(const Routes& routes, const AttentionParams& p, const Decod
     // The tile loop requests rows kPrefetchRows ahead of those it reads: request the
     // chunk's first rows here, so that its start does not wait for them one demand miss
     // at a time.
-    for (int64_t j = visible.begin; j < std::min(visible.begin + kPrefetchRows, visible.end);
-         ++j) {
+    for (int64_t j = visible.begin; j < std::min(visible.begin + kPrefetchRows, visible.end); ++j) {
       Prefetch(k_rows, j);
       Prefetch(v_rows, j);
     }
@@ -257,7 +266,7 @@ void DecodeChunk(const AttentionParams& p, const DecodeItem& item, DecodeScratch
                  const SoftmaxRows* out) {
   WithDecodeRoutes(ws, p.has_dropout(), [&](const auto& keys, const auto& values) HWY_ATTR {
     const DecodeRoutes<std::decay_t<decltype(keys)>, std::decay_t<decltype(values)>> routes{keys,
-                                                                                          values};
+                                                                                            values};
     DecodeChunkWith(routes, p, item, ws, out);
   });
 }

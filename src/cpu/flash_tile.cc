@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/kernel_inline.h"
 #include "cpu/bf16_dot.h"
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
@@ -95,8 +96,8 @@ struct TileKeySet {
 
 // Fills `set` for the rows and key tile of `tile` (whose keys it ignores; the rows' keys
 // are ws.row_keys); returns whether any row keeps a key there.
-HWY_INLINE bool TileKeys(const HeadMasking& m, const FlashScratch& ws, const KeyTileRows& tile,
-                         TileKeySet& set) {
+SDPA_INLINE bool TileKeys(const HeadMasking& m, const FlashScratch& ws, const KeyTileRows& tile,
+                          TileKeySet& set) {
   std::copy(ws.row_keys, ws.row_keys + tile.rows, set.keys);
   std::fill(set.blocks_applied, set.blocks_applied + tile.rows, false);
   if (!ws.flex.blocks.active()) return true;
@@ -122,9 +123,8 @@ HWY_INLINE bool TileKeys(const HeadMasking& m, const FlashScratch& ws, const Key
 // soft-capping or ALiBi score_mod, then cost what plain attention's do. A native ALiBi
 // bias is added to the scores before the score_mod, which the fused kernel cannot do:
 // such tiles take the masked path, where ScoresAndSoftmax applies both in that order.
-HWY_INLINE bool FlexTileInRegisters(const AttentionParams& p, FlashScratch& ws,
-                                    const TileKeySet& set, int64_t rows, int64_t j0,
-                                    bool bf16) {
+SDPA_INLINE bool FlexTileInRegisters(const AttentionParams& p, FlashScratch& ws,
+                                     const TileKeySet& set, int64_t rows, int64_t j0, bool bf16) {
   if (!ws.flex.active() || p.mask.dense_kind != DenseMaskKind::kNone ||
       !p.mask.alibi_slopes.empty() || j0 + kBlockKv > p.kv_len) {
     return false;
@@ -146,8 +146,8 @@ HWY_INLINE bool FlexTileInRegisters(const AttentionParams& p, FlashScratch& ws,
 // Whether a float32 tile that needs masking is masked by its rows' key intervals alone,
 // so that the fused kernel can mask it in registers (BandRows): no dense mask, no ALiBi,
 // no score_mod, and BlockMask rows (if any) whose kept keys are exactly their hull.
-HWY_INLINE bool BandTileInRegisters(const AttentionParams& p, const FlashScratch& ws,
-                                    const TileKeySet& set, int64_t rows) {
+SDPA_INLINE bool BandTileInRegisters(const AttentionParams& p, const FlashScratch& ws,
+                                     const TileKeySet& set, int64_t rows) {
   if (p.mask.dense_kind != DenseMaskKind::kNone || !p.mask.alibi_slopes.empty() ||
       ws.flex.score_mod) {
     return false;
@@ -158,15 +158,15 @@ HWY_INLINE bool BandTileInRegisters(const AttentionParams& p, const FlashScratch
 
 // The partial sums of the last key tiles (kTilesPerPartialSum) go into the total.
 // `with_o`: the float32 path, whose P.v goes to partial.o (bf16's goes to total.o).
-HWY_INLINE void FlushPartial(FlashScratch& ws, int64_t rows, bool with_o) {
+SDPA_INLINE void FlushPartial(FlashScratch& ws, int64_t rows, bool with_o) {
   AddPartial(ws.partial, ws.total, rows, with_o);
 }
 
 // Starts a q-block: q packed (float32 times the scale, or bf16 bits unscaled), the state
 // reset, the rows' keys and the fused tiles' lanes.
 template <class Target>
-HWY_INLINE void StartQBlock(const ForwardCall& call, const QueryTile& q, FlashScratch& ws,
-                            bool bf16) {
+SDPA_INLINE void StartQBlock(const ForwardCall& call, const QueryTile& q, FlashScratch& ws,
+                             bool bf16) {
   const AttentionParams& p = call.p;
   const RowView q_rows(p.q, q.b, q.h);
   if (bf16) {
@@ -190,7 +190,7 @@ HWY_INLINE void StartQBlock(const ForwardCall& call, const QueryTile& q, FlashSc
 // FlashQBlock's body, on the target's traits (TargetKernels): a template so that the
 // branches of kernels the target lacks are discarded, not compiled.
 template <class Target>
-HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, FlashScratch& ws) {
+SDPA_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, FlashScratch& ws) {
   const AttentionParams& p = call.p;
   const int64_t S = p.kv_len, rows = q.rows;
   const int64_t ev_pad = ws.head_dim_vo_padded;
@@ -217,8 +217,8 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
     // A flex tile that needs nothing per element is fused too (its score_mod, if any, on
     // the registers): only targets with fused tiles, whose masked path it skips.
     const bool tile_needs_mask = TileNeedsMask(p, &ws.flex, ws.row_keys, rows, j0);
-    const bool flex_fused = Target::kFusedTiles && tile_needs_mask &&
-                            FlexTileInRegisters(p, ws, set, rows, j0, bf16);
+    const bool flex_fused =
+        Target::kFusedTiles && tile_needs_mask && FlexTileInRegisters(p, ws, set, rows, j0, bf16);
     const bool needs_mask = tile_needs_mask && !flex_fused;
     const PackedKv::Tile t = call.kv.tile(p, q.b, q.h / p.group_size(), j0 / kBlockKv, ws.row);
 
@@ -236,8 +236,8 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
     }
     // A float32 tile masked by row intervals only is masked in registers, computing just
     // the key vectors those intervals reach (QkBandSoftmaxTileF32).
-    const bool band_fused = Target::kFusedTiles && needs_mask && !bf16 &&
-                            BandTileInRegisters(p, ws, set, rows);
+    const bool band_fused =
+        Target::kFusedTiles && needs_mask && !bf16 && BandTileInRegisters(p, ws, set, rows);
     // Nothing changes the scores: q.k^T and the softmax in registers (bf16 needs a
     // positive scale, which its softmax multiplies in; float32 q carries it). On AMX the
     // tile GEMM into ws.scores and the softmax after it are faster than vdpbf16ps in
@@ -253,12 +253,12 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
         } else if (band_fused) {
           static_assert(!Target::kFusedTiles || kGemmRows == 6,
                         "P.v's panels read the band kernel's P lanes");
-          Target::QkBandSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk}, begin,
-                                   end, ws.partial, ws.scores);
+          Target::QkBandSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk}, begin, end,
+                                   ws.partial, ws.scores);
         } else if (flex_fused && ws.flex.score_mod) {
           Target::QkScoreModSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk},
-                                       {&*ws.flex.score_mod, q.b, q.h, q.q_begin, j0},
-                                       ws.partial, ws.scores);
+                                       {&*ws.flex.score_mod, q.b, q.h, q.q_begin, j0}, ws.partial,
+                                       ws.scores);
         } else {
           Target::QkSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk}, ws.partial,
                                ws.scores);
@@ -274,8 +274,15 @@ HWY_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fla
       }
     }
     if (!(Target::kFusedTiles && fused)) {
-      const TileRows tile_rows{q,    j0,  cols, &masking, keys, set.blocks_applied,
-                               trimmed ? &support : nullptr, needs_mask, p_in_bf16};
+      const TileRows tile_rows{q,
+                               j0,
+                               cols,
+                               &masking,
+                               keys,
+                               set.blocks_applied,
+                               trimmed ? &support : nullptr,
+                               needs_mask,
+                               p_in_bf16};
       ScoresAndSoftmax<Target>(call, tile_rows, t, ws);
     }
     // The softmax rescaled partial.l itself.

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/kernel_inline.h"
 #include "cpu/matrix_view.h"
 #include "hwy/highway.h"
 
@@ -38,8 +39,8 @@ inline constexpr int64_t kGemmVecs = 2;
 static_assert(kGemmRows <= 6);
 
 template <int64_t kRows, int64_t kVecs>
-HWY_INLINE void GemmMicroTile(StridedMatrix<const float> a, Matrix<const float> b,
-                              Matrix<float> c, int64_t depth, GemmOutput output) {
+SDPA_INLINE void GemmMicroTile(StridedMatrix<const float> a, Matrix<const float> b, Matrix<float> c,
+                               int64_t depth, GemmOutput output) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -74,8 +75,8 @@ HWY_INLINE void GemmMicroTile(StridedMatrix<const float> a, Matrix<const float> 
 
 // All row blocks of one column panel: dims.n is kVecs vectors.
 template <int64_t kVecs>
-HWY_INLINE void GemmPanel(GemmDims dims, StridedMatrix<const float> a, Matrix<const float> b,
-                          Matrix<float> c, GemmOutput output) {
+SDPA_INLINE void GemmPanel(GemmDims dims, StridedMatrix<const float> a, Matrix<const float> b,
+                           Matrix<float> c, GemmOutput output) {
   const int64_t m = dims.m, depth = dims.depth;
   int64_t r = 0;
   for (; r + kGemmRows <= m; r += kGemmRows) {
@@ -99,8 +100,8 @@ HWY_INLINE void GemmPanel(GemmDims dims, StridedMatrix<const float> a, Matrix<co
 
 /// C[m, n] = A[m, depth] . B[depth, n] (+ C when accumulating); n % Lanes == 0. A is read
 /// through its two strides, so a transposed A needs no copy.
-HWY_INLINE void Gemm(GemmDims dims, StridedMatrix<const float> a, Matrix<const float> b,
-                     Matrix<float> c, GemmOutput output) {
+SDPA_INLINE void Gemm(GemmDims dims, StridedMatrix<const float> a, Matrix<const float> b,
+                      Matrix<float> c, GemmOutput output) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t vecs = dims.n / lanes;
@@ -132,8 +133,8 @@ struct RowSupport {
 };
 
 /// Union [lo, hi) of the supports of rows [r, r + rows); lo >= hi when all are empty.
-HWY_INLINE void PanelSupport(const RowSupport& support, int64_t r, int64_t rows, int64_t& lo,
-                             int64_t& hi) {
+SDPA_INLINE void PanelSupport(const RowSupport& support, int64_t r, int64_t rows, int64_t& lo,
+                              int64_t& hi) {
   lo = INT64_MAX;
   hi = 0;
   for (int64_t i = r; i < r + rows; ++i) {
@@ -147,9 +148,8 @@ HWY_INLINE void PanelSupport(const RowSupport& support, int64_t r, int64_t rows,
 /// the vectors covering its rows' support; the other entries are left as they were (the
 /// caller masks them). A triangle or band edge crossing the tile costs about half a tile
 /// instead of a whole one.
-HWY_INLINE void GemmRowSupport(GemmDims dims, StridedMatrix<const float> a,
-                               Matrix<const float> b, Matrix<float> c,
-                               const RowSupport& support) {
+SDPA_INLINE void GemmRowSupport(GemmDims dims, StridedMatrix<const float> a, Matrix<const float> b,
+                                Matrix<float> c, const RowSupport& support) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   for (int64_t r = 0; r < dims.m; r += kGemmRows) {
@@ -167,9 +167,9 @@ HWY_INLINE void GemmRowSupport(GemmDims dims, StridedMatrix<const float> a,
 /// C[m, n] += P[m, depth] . B[depth, n] where row r of P is zero outside its support:
 /// each panel of kGemmRows rows runs over the union of its rows' support (within depth)
 /// only.
-HWY_INLINE void GemmAccumulateRowSupport(GemmDims dims, StridedMatrix<const float> p,
-                                         Matrix<const float> b, Matrix<float> c,
-                                         const RowSupport& support) {
+SDPA_INLINE void GemmAccumulateRowSupport(GemmDims dims, StridedMatrix<const float> p,
+                                          Matrix<const float> b, Matrix<float> c,
+                                          const RowSupport& support) {
   for (int64_t r = 0; r < dims.m; r += kGemmRows) {
     const int64_t rows = std::min(kGemmRows, dims.m - r);
     int64_t lo, hi;

@@ -22,6 +22,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "core/kernel_inline.h"
 #include "cpu/fast_exp-inl.h"
 #include "cpu/online_softmax-inl.h"
 #include "hwy/highway.h"
@@ -45,8 +46,8 @@ inline constexpr float kLazyMaxSlackLog2 = 8.0f;
 /// finite score, NaN once it has a NaN score (PyTorch's softmax gives the row NaN; so do
 /// its probabilities, sum and output here).
 template <int kVecs>
-HWY_INLINE float LazyRowMax(const __m512* scores, float score_scale, const SoftmaxRows& state,
-                            int64_t r) {
+SDPA_INLINE float LazyRowMax(const __m512* scores, float score_scale, const SoftmaxRows& state,
+                             int64_t r) {
   const hn::Full512<float> d;
   using V = hn::Vec512<float>;
   const float slack = kLazyMaxSlackLog2 / kLog2e;  // in scaled-score units
@@ -100,7 +101,7 @@ struct KeyTile {
 /// Calls rows_fn(r, std::integral_constant<int, R>()) for the register tiles of kRows
 /// rows covering [0, rows), the last one R = rows % kRows rows high (kRows <= 6).
 template <int kRows, class RowsFn>
-HWY_INLINE void ForRegisterTiles(int64_t rows, const RowsFn& rows_fn) {
+SDPA_INLINE void ForRegisterTiles(int64_t rows, const RowsFn& rows_fn) {
   static_assert(kRows <= 6, "the tail switch covers up to 5 rows");
   int64_t r = 0;
   for (; r + kRows <= rows; r += kRows) rows_fn(r, std::integral_constant<int, kRows>());
@@ -121,7 +122,7 @@ HWY_INLINE void ForRegisterTiles(int64_t rows, const RowsFn& rows_fn) {
 }
 
 /// state.l[r] += the lanes of state.l_lanes row r, which are then zeroed, for r < rows.
-HWY_INLINE void FoldSumLanes(const SoftmaxRows& state, int64_t rows) {
+SDPA_INLINE void FoldSumLanes(const SoftmaxRows& state, int64_t rows) {
   const hn::Full512<float> d;
   for (int64_t r = 0; r < rows; ++r) {
     float* lanes = state.l_lanes + 16 * r;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/kernel_inline.h"
 #include "cpu/fast_exp-inl.h"
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
@@ -32,7 +33,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 /// row[0, n) *= factor; n a multiple of the vector width.
-HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
+SDPA_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
   const hn::ScalableTag<float> d;
   const auto f = hn::Set(d, factor);
   for (int64_t j = 0; j < n; j += static_cast<int64_t>(hn::Lanes(d))) {
@@ -44,7 +45,7 @@ HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, int64_t n, float factor) {
 /// new_max: e^(old - new), 0 for a row's first finite scores (its l and o are still 0), 1
 /// while the row has none.
 template <class D>
-HWY_INLINE hn::Vec<D> RescaleFactors(D d, hn::Vec<D> old_max, hn::Vec<D> new_max) {
+SDPA_INLINE hn::Vec<D> RescaleFactors(D d, hn::Vec<D> old_max, hn::Vec<D> new_max) {
   const auto seen = hn::Ne(new_max, hn::Set(d, kNegInf));
   return hn::IfThenElse(seen, FastExp(d, hn::Sub(old_max, new_max)), hn::Set(d, 1.0f));
 }
@@ -52,7 +53,7 @@ HWY_INLINE hn::Vec<D> RescaleFactors(D d, hn::Vec<D> old_max, hn::Vec<D> new_max
 /// The probability every key of [first, last) gets in a row without a finite score: 0, or
 /// NaN when one of the scores is NaN, which makes the row NaN as in PyTorch (Highway's Max
 /// may return the non-NaN operand, so the max cannot carry it).
-HWY_INLINE float NoFiniteScoreFill(const float* first, const float* last) {
+SDPA_INLINE float NoFiniteScoreFill(const float* first, const float* last) {
   const bool nan = std::any_of(first, last, [](float x) { return std::isnan(x); });
   return nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
 }
@@ -75,8 +76,8 @@ struct RowSpans {
 /// `spans` raise state.m; state.alpha gets the factors (RescaleFactors). Returns the new
 /// maxes. Reduces the N rows by one tree (ReduceLanesTree), not one reduction per row.
 template <class D>
-HWY_INLINE hn::Vec<D> RaiseRowMaxes(D d, const ScoreRows& tile, int64_t r0, RowSpans spans,
-                                    const SoftmaxRows& state) {
+SDPA_INLINE hn::Vec<D> RaiseRowMaxes(D d, const ScoreRows& tile, int64_t r0, RowSpans spans,
+                                     const SoftmaxRows& state) {
   using V = hn::Vec<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -107,8 +108,8 @@ HWY_INLINE hn::Vec<D> RaiseRowMaxes(D d, const ScoreRows& tile, int64_t r0, RowS
 /// scores only in columns [begin[r], end[r]); the work covers the vectors spanning them
 /// and zeroes the rest. The state's m, l, alpha hold round_up(rows, Lanes) entries (rows
 /// past `rows` keep -inf maxes).
-HWY_INLINE void SoftmaxTile(const ScoreRows& tile, const RowSupport* support,
-                            const SoftmaxRows& state) {
+SDPA_INLINE void SoftmaxTile(const ScoreRows& tile, const RowSupport* support,
+                             const SoftmaxRows& state) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
@@ -162,7 +163,7 @@ HWY_INLINE void SoftmaxTile(const ScoreRows& tile, const RowSupport* support,
 
 /// Multiplies rows [0, rows) of o by their factors state.alpha (where not 1), and of l
 /// too with `with_l` (the softmax kernels rescale the l they update themselves).
-HWY_INLINE void ApplyRescale(const SoftmaxRows& state, int64_t rows, bool with_l) {
+SDPA_INLINE void ApplyRescale(const SoftmaxRows& state, int64_t rows, bool with_l) {
   for (int64_t r = 0; r < rows; ++r) {
     const float a = state.alpha[r];
     if (a == 1.0f) continue;
@@ -174,8 +175,8 @@ HWY_INLINE void ApplyRescale(const SoftmaxRows& state, int64_t rows, bool with_l
 /// Adds rows [0, rows) of `partial`'s l into `total`'s (and its o with `with_o`), zeroing
 /// what it added: two states sharing m, so that `total` takes one rounding per flush
 /// instead of one per key tile.
-HWY_INLINE void AddPartial(const SoftmaxRows& partial, const SoftmaxRows& total, int64_t rows,
-                           bool with_o) {
+SDPA_INLINE void AddPartial(const SoftmaxRows& partial, const SoftmaxRows& total, int64_t rows,
+                            bool with_o) {
   const hn::ScalableTag<float> d;
   if (with_o) {
     const int64_t n = rows * total.o_stride;
@@ -192,7 +193,7 @@ HWY_INLINE void AddPartial(const SoftmaxRows& partial, const SoftmaxRows& total,
 
 /// Resets rows [0, rows) of the state to no key seen: m = -inf, l = 0, o = 0; m and l
 /// through round_up(rows, kMaxLanes), as the SIMD softmaxes read whole vectors of rows.
-HWY_INLINE void ResetRows(const SoftmaxRows& state, int64_t rows) {
+SDPA_INLINE void ResetRows(const SoftmaxRows& state, int64_t rows) {
   const int64_t padded = round_up(rows, kMaxLanes);
   std::fill(state.m, state.m + padded, kNegInf);
   std::fill(state.l, state.l + padded, 0.0f);
@@ -201,8 +202,8 @@ HWY_INLINE void ResetRows(const SoftmaxRows& state, int64_t rows) {
 
 /// Ends rows [0, rows) (finalize): query row i0 + r of `out_rows` gets o / l, or 0 for a
 /// fully masked row, and lse[r] its logsumexp. o is normalized in place.
-HWY_INLINE void FinishRows(const SoftmaxRows& state, int64_t rows, const RowView& out_rows,
-                           int64_t i0, float* HWY_RESTRICT lse) {
+SDPA_INLINE void FinishRows(const SoftmaxRows& state, int64_t rows, const RowView& out_rows,
+                            int64_t i0, float* HWY_RESTRICT lse) {
   for (int64_t r = 0; r < rows; ++r) {
     float* o = state.o + r * state.o_stride;
     const RowFinish<float> end = finalize(state.m[r], state.l[r]);

@@ -21,6 +21,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "core/kernel_inline.h"
 #include "cpu/fast_exp-inl.h"
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
@@ -39,7 +40,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 /// the scores x[v] (keys 16 v..) of the q-block's row r. NoScoreMod leaves them.
 struct NoScoreMod {
   template <int kVecs>
-  HWY_INLINE void operator()(int64_t, hn::Vec512<float> (&)[kVecs]) const {}
+  SDPA_INLINE void operator()(int64_t, hn::Vec512<float> (&)[kVecs]) const {}
 };
 
 /// A flex score_mod that runs on registers (flex::ScoreModRunsInRegisters), for the rows
@@ -51,7 +52,7 @@ struct FlexScoreModRows {
   mutable flex::HWY_NAMESPACE::RegisterModRows rows{};
 
   template <int kVecs>
-  HWY_INLINE void operator()(int64_t r, hn::Vec512<float> (&x)[kVecs]) const {
+  SDPA_INLINE void operator()(int64_t r, hn::Vec512<float> (&x)[kVecs]) const {
     flex::HWY_NAMESPACE::ScoreModRegisterRow<kVecs>(*buf, {b, h, q_begin + r, 1, j0}, rows,
                                                     hn::Full512<float>(), x);
   }
@@ -66,7 +67,7 @@ struct BandRows {
   int64_t first_lane = 0;
 
   template <int kVecs>
-  HWY_INLINE void operator()(int64_t r, hn::Vec512<float> (&x)[kVecs]) const {
+  SDPA_INLINE void operator()(int64_t r, hn::Vec512<float> (&x)[kVecs]) const {
     static_assert(kBlockKv <= 64, "a row's lanes are one 64-bit word");
     const uint64_t below_hi = hi[r] >= 64 ? ~uint64_t{0} : (uint64_t{1} << hi[r]) - 1;
     const uint64_t keep =
@@ -83,9 +84,9 @@ struct BandRows {
 // acc[r] holds row r's kBlockKv scores (in the softmax's units), which mod changes first;
 // P rows (kBlockKv floats) go to p.
 template <int kRows, int kVecs, class ScoreMod = NoScoreMod>
-HWY_INLINE void SoftmaxRegisterRowsF32(__m512 (&acc)[kRows][kVecs], const SoftmaxRows& state,
-                                       float* HWY_RESTRICT p, const ScoreMod& mod = {},
-                                       int64_t row0 = 0) {
+SDPA_INLINE void SoftmaxRegisterRowsF32(__m512 (&acc)[kRows][kVecs], const SoftmaxRows& state,
+                                        float* HWY_RESTRICT p, const ScoreMod& mod = {},
+                                        int64_t row0 = 0) {
   const hn::Full512<float> d;
   using V = hn::Vec512<float>;
   const V log2e = hn::Set(d, kLog2e);
@@ -123,9 +124,9 @@ HWY_INLINE void SoftmaxRegisterRowsF32(__m512 (&acc)[kRows][kVecs], const Softma
 // Only keys [16 v0, 16 (v0 + kVecs)) are computed (and their P lanes written): the rows
 // keep no other key of the tile.
 template <int kRows, int kVecs = static_cast<int>(kBlockKv / 16), class ScoreMod>
-HWY_INLINE void QkSoftmaxRowsF32(const QueryRows<float>& q, const KeyTile<float>& k,
-                                 const SoftmaxRows& state, float* HWY_RESTRICT p,
-                                 const ScoreMod& mod, int64_t row0, int64_t v0 = 0) {
+SDPA_INLINE void QkSoftmaxRowsF32(const QueryRows<float>& q, const KeyTile<float>& k,
+                                  const SoftmaxRows& state, float* HWY_RESTRICT p,
+                                  const ScoreMod& mod, int64_t row0, int64_t v0 = 0) {
   __m512 acc[kRows][kVecs];
   for (int r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -150,9 +151,9 @@ HWY_INLINE void QkSoftmaxRowsF32(const QueryRows<float>& q, const KeyTile<float>
 /// and l_lanes (together the row sums relative to m), writes state.alpha and P [rows,
 /// kBlockKv].
 template <class ScoreMod = NoScoreMod>
-HWY_INLINE void QkSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<float>& k,
-                                 const SoftmaxRows& state, float* HWY_RESTRICT p,
-                                 const ScoreMod& mod = {}) {
+SDPA_INLINE void QkSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<float>& k,
+                                  const SoftmaxRows& state, float* HWY_RESTRICT p,
+                                  const ScoreMod& mod = {}) {
   // Six rows: 24 accumulators, as Gemm's register tile.
   ForRegisterTiles<6>(q.rows, [&](int64_t r, auto tile_rows) {
     QkSoftmaxRowsF32<decltype(tile_rows)::value>(q.from(r), k, state.from(r), p + r * kBlockKv,
@@ -166,9 +167,9 @@ HWY_INLINE void QkSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<float>
 /// those vectors only, which cover the union of the intervals of each six rows from row 0:
 /// the caller's P.v (GemmAccumulateRowSupport, panels of kGemmRows = 6 rows) reads no
 /// other lane.
-HWY_INLINE void QkBandSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<float>& k,
-                                     const int64_t* lo, const int64_t* hi,
-                                     const SoftmaxRows& state, float* HWY_RESTRICT p) {
+SDPA_INLINE void QkBandSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<float>& k,
+                                      const int64_t* lo, const int64_t* hi,
+                                      const SoftmaxRows& state, float* HWY_RESTRICT p) {
   ForRegisterTiles<6>(q.rows, [&](int64_t r, auto tile_rows) {
     constexpr int kRows = decltype(tile_rows)::value;
     int64_t first, last;
@@ -202,7 +203,7 @@ HWY_INLINE void QkBandSoftmaxTileF32(const QueryRows<float>& q, const KeyTile<fl
 /// state updates as QkSoftmaxTileF32, so that tiles of either kind follow each other
 /// without FoldSumLanes; SoftmaxTile's max pass over memory and its per-row rescale
 /// become one register pass.
-HWY_INLINE void SoftmaxTileLazyF32(const ScoreRows& scores, const SoftmaxRows& state) {
+SDPA_INLINE void SoftmaxTileLazyF32(const ScoreRows& scores, const SoftmaxRows& state) {
   constexpr int kVecs = static_cast<int>(kBlockKv / 16);
   ForRegisterTiles<6>(scores.rows, [&](int64_t r, auto tile_rows) {
     constexpr int kRows = decltype(tile_rows)::value;

@@ -11,6 +11,7 @@
 #define SDPA_CPU_REDUCE_LANES_INL_H_
 #endif
 
+#include "core/kernel_inline.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -20,13 +21,13 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 struct AddLanes {
   template <class V>
-  HWY_INLINE V operator()(V a, V b) const {
+  SDPA_INLINE V operator()(V a, V b) const {
     return hn::Add(a, b);
   }
 };
 struct MaxLanes {
   template <class V>
-  HWY_INLINE V operator()(V a, V b) const {
+  SDPA_INLINE V operator()(V a, V b) const {
     return hn::Max(a, b);
   }
 };
@@ -38,7 +39,7 @@ struct MaxLanes {
 /// Lane k of the result = op over the lanes of v[k], for k < N = Lanes(d); `op` is
 /// associative and commutative (AddLanes, MaxLanes).
 template <class D, class Op>
-HWY_INLINE hn::Vec<D> ReduceLanesTree(D d, const hn::Vec<D>* v, Op op) {
+SDPA_INLINE hn::Vec<D> ReduceLanesTree(D d, const hn::Vec<D>* v, Op op) {
 #if HWY_TARGET == HWY_SCALAR
   (void)d;
   (void)op;

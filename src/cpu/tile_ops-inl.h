@@ -12,6 +12,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "core/kernel_inline.h"
 #include "cpu/flash_tile.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/kernel_context.h"
@@ -31,7 +32,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 /// s[j] -= slope * |offset + j| for j in [0, kBlockKv): the ALiBi bias of a score row whose
 /// first key lies `offset` keys from the row's diagonal. The distances are integers held
 /// exactly in float and advanced by one addition per vector.
-HWY_INLINE void AddAlibiRow(float* HWY_RESTRICT s, float slope, int64_t offset) {
+SDPA_INLINE void AddAlibiRow(float* HWY_RESTRICT s, float slope, int64_t offset) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const auto neg_slope = hn::Set(d, -slope);
@@ -74,8 +75,8 @@ struct KeyTileRows {
 /// Adds the ALiBi bias to rows [0, rows) of a score tile (rows of kBlockKv floats) in one
 /// pass, so that tiles which need no masking otherwise skip MaskScoreRow. Lanes outside a
 /// row's keys get a bias too; MaskScoreRow overwrites them when the tile needs masking.
-HWY_INLINE void AlibiTile(const HeadMasking& m, const KeyTileRows& tile,
-                          float* HWY_RESTRICT scores) {
+SDPA_INLINE void AlibiTile(const HeadMasking& m, const KeyTileRows& tile,
+                           float* HWY_RESTRICT scores) {
   const AlibiRow first = alibi_row(m.mask, m.h, tile.q_begin, m.q_len, m.kv_len);
   for (int64_t r = 0; r < tile.rows; ++r) {
     AddAlibiRow(scores + r * kBlockKv, first.slope, tile.j0 - (first.center + r));
@@ -84,8 +85,8 @@ HWY_INLINE void AlibiTile(const HeadMasking& m, const KeyTileRows& tile,
 
 /// Adds the additive terms (dense float mask over the row's kept lanes [lo, hi) =
 /// row.lanes(), ALiBi unless `alibi_done`) to score row s of `row`.
-HWY_INLINE void AddScoreTerms(const HeadMasking& m, const KeyTileRow& row, KeyTileRow::Lanes kept,
-                              float* HWY_RESTRICT s, bool alibi_done) {
+SDPA_INLINE void AddScoreTerms(const HeadMasking& m, const KeyTileRow& row, KeyTileRow::Lanes kept,
+                               float* HWY_RESTRICT s, bool alibi_done) {
   const auto [lo, hi] = kept;
   if (m.dense.additive()) m.dense.apply(row.i, row.j0 + lo, hi - lo, s + lo);
   const AlibiRow alibi = alibi_row(m.mask, m.h, row.i, m.q_len, m.kv_len);
@@ -107,8 +108,8 @@ struct TileMaskDone {
 /// SIMD lanes) then mask within; full blocks skip mask_mod. row.keep is row_columns() of
 /// the row, or FlexRowSupport's narrowing of it; `mod_input`, when non-null, receives the
 /// row as score_mod sees it (for the backward).
-HWY_INLINE void MaskScoreRow(const HeadMasking& m, const KeyTileRow& row, float* HWY_RESTRICT s,
-                             float* HWY_RESTRICT mod_input = nullptr, TileMaskDone done = {}) {
+SDPA_INLINE void MaskScoreRow(const HeadMasking& m, const KeyTileRow& row, float* HWY_RESTRICT s,
+                              float* HWY_RESTRICT mod_input = nullptr, TileMaskDone done = {}) {
   const KeyTileRow::Lanes kept = row.lanes();
   const auto [lo, hi] = kept;
   const flex::HWY_NAMESPACE::EvalSite site{m.b, m.h, row.i, 1, row.j0};
@@ -142,8 +143,8 @@ HWY_INLINE void MaskScoreRow(const HeadMasking& m, const KeyTileRow& row, float*
 /// MaskScoreRow's additive terms and score_mod for the rows of a tile at once (scores rows
 /// of kBlockKv floats): the score_mod runs one evaluation per chunk of rows instead of one
 /// per row. `alibi_done`: AlibiTile already added the ALiBi bias. m.flex has a score_mod.
-HWY_INLINE void ScoreModTile(const HeadMasking& m, const KeyTileRows& tile,
-                             float* HWY_RESTRICT scores, bool alibi_done) {
+SDPA_INLINE void ScoreModTile(const HeadMasking& m, const KeyTileRows& tile,
+                              float* HWY_RESTRICT scores, bool alibi_done) {
   int64_t lo[kBlockQ], hi[kBlockQ];
   for (int64_t r = 0; r < tile.rows; ++r) {
     const KeyTileRow row = tile.row(r);
@@ -162,7 +163,7 @@ HWY_INLINE void ScoreModTile(const HeadMasking& m, const KeyTileRows& tile,
 /// mask_mod) count whole, partial blocks count mask_mod's kept lanes. Returns whether every
 /// key of the hull is kept, so that the kernel computes and masks only the row's support,
 /// as for a native band (causal, window and document masks give intervals).
-HWY_INLINE bool FlexRowSupport(const HeadMasking& m, KeyTileRow& row) {
+SDPA_INLINE bool FlexRowSupport(const HeadMasking& m, KeyTileRow& row) {
   const auto [lo, hi] = row.lanes();
   const int64_t j0 = row.j0;
   flex::RowState& flex_state = *m.flex;
@@ -195,8 +196,8 @@ HWY_INLINE bool FlexRowSupport(const HeadMasking& m, KeyTileRow& row) {
 /// in one q block, keys in one kv block): one block lookup instead of one per row, and a
 /// partial block's rows read as words of the call's shared bits. Returns false, changing
 /// nothing, where that does not hold or the bits cannot be read; else sets `any_key`.
-HWY_INLINE bool FlexTileSupport(const HeadMasking& m, const KeyTileRows& tile, ColumnRange* keys,
-                                bool* applied, bool& any_key) {
+SDPA_INLINE bool FlexTileSupport(const HeadMasking& m, const KeyTileRows& tile, ColumnRange* keys,
+                                 bool* applied, bool& any_key) {
   static_assert(kBlockKv <= flex::PartialBlockBits::kWordKeys, "a key tile row is one word");
   flex::RowState& st = *m.flex;
   const int64_t q_block = st.blocks.q_block_size(), kv_block = st.blocks.kv_block_size();
@@ -237,8 +238,8 @@ HWY_INLINE bool FlexTileSupport(const HeadMasking& m, const KeyTileRows& tile, C
 /// [j0, j0 + kBlockKv): false when the call has no per-element mask part other than ALiBi
 /// (which the caller adds with AlibiTile) and every row keeps the whole tile (a full tile:
 /// nothing to mask).
-HWY_INLINE bool TileNeedsMask(const AttentionParams& p, const flex::RowState* flex_state,
-                              const ColumnRange* ranges, int64_t rows, int64_t j0) {
+SDPA_INLINE bool TileNeedsMask(const AttentionParams& p, const flex::RowState* flex_state,
+                               const ColumnRange* ranges, int64_t rows, int64_t j0) {
   if (p.mask.dense_kind != DenseMaskKind::kNone || (flex_state && flex_state->active()) ||
       j0 + kBlockKv > p.kv_len) {
     return true;
@@ -255,8 +256,8 @@ struct KvTileRange {
   int64_t first = 0;
   int64_t end = 0;
 };
-HWY_INLINE KvTileRange VisibleKvTiles(const AttentionParams& p, flex::RowState* flex_state,
-                                      const QueryTile& q) {
+SDPA_INLINE KvTileRange VisibleKvTiles(const AttentionParams& p, flex::RowState* flex_state,
+                                       const QueryTile& q) {
   const int64_t b = q.b, h = q.h, row_begin = q.q_begin, row_end = q.q_begin + q.rows;
   ColumnRange span = block_columns(p, b, row_begin, row_end);
   if (flex_state && flex_state->blocks.active()) {

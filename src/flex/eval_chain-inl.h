@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/kernel_inline.h"
 #include "flex/eval_instr-inl.h"
 #include "flex/eval_math-inl.h"
 #include "flex/row_buffers.h"
@@ -37,8 +38,8 @@ struct ChainOperand {
 /// (N lanes per vector): step-major over the group, so that its vectors' dependency
 /// chains (tanh's polynomial) overlap.
 template <int kGroup, class D, class V>
-HWY_INLINE void ChainStepGroup(D d, const RowBuffers::ChainStep& step,
-                               const ChainOperand& operand, V (&x)[kGroup], int64_t j) {
+SDPA_INLINE void ChainStepGroup(D d, const RowBuffers::ChainStep& step, const ChainOperand& operand,
+                                V (&x)[kGroup], int64_t j) {
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
   auto each = [&](auto f) {
     for (int g = 0; g < kGroup; ++g) x[g] = f(x[g], j + g * n);
@@ -93,8 +94,8 @@ HWY_INLINE void ChainStepGroup(D d, const RowBuffers::ChainStep& step,
 
 /// The whole chain over kGroup vectors of score row s from lane j, in place.
 template <int kGroup, class D>
-HWY_INLINE void ChainLanes(D d, const std::vector<RowBuffers::ChainStep>& chain,
-                           const ChainOperand* operands, float* s, int64_t j) {
+SDPA_INLINE void ChainLanes(D d, const std::vector<RowBuffers::ChainStep>& chain,
+                            const ChainOperand* operands, float* s, int64_t j) {
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
   hn::Vec<D> x[kGroup];
   for (int g = 0; g < kGroup; ++g) x[g] = hn::LoadU(d, s + j + g * n);
@@ -103,8 +104,8 @@ HWY_INLINE void ChainLanes(D d, const std::vector<RowBuffers::ChainStep>& chain,
 }
 
 /// The operands of the chain's steps for score row r of `pass` (after PrepareChunk).
-HWY_INLINE void ChainRowOperands(RowBuffers& buf, const Pass& pass, int64_t r,
-                                 ChainOperand (&operands)[RowBuffers::kMaxChainSteps]) {
+SDPA_INLINE void ChainRowOperands(RowBuffers& buf, const Pass& pass, int64_t r,
+                                  ChainOperand (&operands)[RowBuffers::kMaxChainSteps]) {
   const std::vector<RowBuffers::ChainStep>& chain = buf.score_chain;
   for (size_t i = 0; i < chain.size(); ++i) {
     const RowBuffers::ChainStep& step = chain[i];

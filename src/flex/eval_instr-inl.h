@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "core/element_access.h"
+#include "core/kernel_inline.h"
 #include "flex/eval_math-inl.h"
 #include "flex/row_buffers.h"
 #include "hwy/highway.h"
@@ -55,19 +56,19 @@ struct Pass {
 };
 
 template <typename T>
-HWY_INLINE const T* Values(RowBuffers& buf, int32_t id);
+SDPA_INLINE const T* Values(RowBuffers& buf, int32_t id);
 template <>
-HWY_INLINE const float* Values<float>(RowBuffers& buf, int32_t id) {
+SDPA_INLINE const float* Values<float>(RowBuffers& buf, int32_t id) {
   return buf.fvals(id);
 }
 template <>
-HWY_INLINE const int64_t* Values<int64_t>(RowBuffers& buf, int32_t id) {
+SDPA_INLINE const int64_t* Values<int64_t>(RowBuffers& buf, int32_t id) {
   return buf.ivals(id);
 }
 
 /// How instruction `id` (of any shape up to the pass's) reads in `pass`.
 template <typename T>
-HWY_INLINE View<T> ViewOf(RowBuffers& buf, int32_t id, const Pass& pass) {
+SDPA_INLINE View<T> ViewOf(RowBuffers& buf, int32_t id, const Pass& pass) {
   const Shape s = buf.shape[id];
   const T* base = Values<T>(buf, id);
   if constexpr (std::is_same_v<T, float>) {
@@ -99,7 +100,7 @@ HWY_INLINE View<T> ViewOf(RowBuffers& buf, int32_t id, const Pass& pass) {
 /// out(r, j) = f(x(r, j), y(r, j)), with the uniform operands split into their own loops
 /// so every loop vectorizes (a select on `lanes` inside the loop would not).
 template <typename T, typename R, typename F>
-HWY_INLINE void Map2(const View<T>& x, const View<T>& y, R* HWY_RESTRICT out, const Pass& p, F f) {
+SDPA_INLINE void Map2(const View<T>& x, const View<T>& y, R* HWY_RESTRICT out, const Pass& p, F f) {
   for (int64_t r = 0; r < p.rows; ++r) {
     const T* HWY_RESTRICT xp = x.base + r * x.row_stride;
     const T* HWY_RESTRICT yp = y.base + r * y.row_stride;
@@ -122,7 +123,7 @@ HWY_INLINE void Map2(const View<T>& x, const View<T>& y, R* HWY_RESTRICT out, co
 
 /// Lanes j.. of a one-row view as a vector.
 template <class D>
-HWY_INLINE hn::Vec<D> Lanes(D d, const View<float>& x, int64_t j) {
+SDPA_INLINE hn::Vec<D> Lanes(D d, const View<float>& x, int64_t j) {
   return x.lanes ? hn::LoadU(d, x.base + j) : hn::Set(d, *x.base);
 }
 
@@ -132,7 +133,7 @@ HWY_INLINE hn::Vec<D> Lanes(D d, const View<float>& x, int64_t j) {
 /// for them to reach the cache, which made the row's softmax visibly slower).
 /// (f may read s itself at lanes j..: s is not restrict.)
 template <class F>
-HWY_INLINE void StoreRow(float* s, int64_t lo, int64_t hi, F f) {
+SDPA_INLINE void StoreRow(float* s, int64_t lo, int64_t hi, F f) {
   const hn::ScalableTag<float> d;
   const hn::CappedTag<float, 1> d1;
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
@@ -145,8 +146,8 @@ HWY_INLINE void StoreRow(float* s, int64_t lo, int64_t hi, F f) {
 /// out(r, j) = f(d, x(r, j..), y(r, j..)) for float operands in Highway vectors (as Map2):
 /// whole-vector stores, so the next pass's whole-vector loads are store-forwarded.
 template <class F>
-HWY_INLINE void MapFloat2(const View<float>& x, const View<float>& y, float* HWY_RESTRICT out,
-                          const Pass& p, F f) {
+SDPA_INLINE void MapFloat2(const View<float>& x, const View<float>& y, float* HWY_RESTRICT out,
+                           const Pass& p, F f) {
   for (int64_t r = 0; r < p.rows; ++r) {
     const View<float> xr{x.base + r * x.row_stride, 0, x.lanes};
     const View<float> yr{y.base + r * y.row_stride, 0, y.lanes};
@@ -157,7 +158,7 @@ HWY_INLINE void MapFloat2(const View<float>& x, const View<float>& y, float* HWY
 
 /// out(r, j) = f(x(r, j)) for element-wise integer or float operations.
 template <typename T, typename R, typename F>
-HWY_INLINE void Map1(const View<T>& x, R* HWY_RESTRICT out, const Pass& p, F f) {
+SDPA_INLINE void Map1(const View<T>& x, R* HWY_RESTRICT out, const Pass& p, F f) {
   for (int64_t r = 0; r < p.rows; ++r) {
     const T* HWY_RESTRICT xp = x.base + r * x.row_stride;
     R* HWY_RESTRICT o = out + r * p.out_stride;
@@ -174,7 +175,7 @@ HWY_INLINE void Map1(const View<T>& x, R* HWY_RESTRICT out, const Pass& p, F f) 
 /// out(r, j) = f(x(r, j)) for a Highway math function, over whole vectors covering
 /// [lo, hi) (buffers are padded; a tile row is a multiple of the vector width).
 template <class F>
-HWY_INLINE void MapFloat(const View<float>& x, float* HWY_RESTRICT out, const Pass& p, F f) {
+SDPA_INLINE void MapFloat(const View<float>& x, float* HWY_RESTRICT out, const Pass& p, F f) {
   const hn::ScalableTag<float> d;
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
   for (int64_t r = 0; r < p.rows; ++r) {
@@ -194,8 +195,8 @@ HWY_INLINE void MapFloat(const View<float>& x, float* HWY_RESTRICT out, const Pa
 /// its reciprocal (<= 1.5 ulp from the rounded quotient, as GPU compilers' default float
 /// division; a vector division per lane cost a soft-cap score_mod half its time), except
 /// when the reciprocal is not a normal float (0, inf, NaN or subnormal divisors).
-HWY_INLINE void Divide(const View<float>& x, const View<float>& y, float* HWY_RESTRICT out,
-                       const Pass& p, std::pair<float, float>& reciprocal) {
+SDPA_INLINE void Divide(const View<float>& x, const View<float>& y, float* HWY_RESTRICT out,
+                        const Pass& p, std::pair<float, float>& reciprocal) {
   if (y.lanes) {
     MapFloat2(x, y, out, p, [](auto, auto a, auto b) { return hn::Div(a, b); });
     return;
@@ -224,7 +225,7 @@ HWY_INLINE void Divide(const View<float>& x, const View<float>& y, float* HWY_RE
 
 /// Records that element (r, j) of a chunk pass failed (an out-of-range read or an integer
 /// division by zero); the element reads as 0 and is reported only if consumed.
-HWY_INLINE void MarkBad(RowBuffers& buf, const Pass& p, int64_t r, int64_t j) {
+SDPA_INLINE void MarkBad(RowBuffers& buf, const Pass& p, int64_t r, int64_t j) {
   buf.any_bad = true;
   switch (p.shape) {
     case Shape::kScalar:
@@ -248,8 +249,8 @@ HWY_INLINE void MarkBad(RowBuffers& buf, const Pass& p, int64_t r, int64_t j) {
 }
 
 /// The (q_idx, kv_idx) of element (r, j) of pass `p` in the chunk at (q0, kv0).
-HWY_INLINE std::pair<int64_t, int64_t> Position(const RowBuffers& buf, const Pass& p, int64_t r,
-                                                int64_t j) {
+SDPA_INLINE std::pair<int64_t, int64_t> Position(const RowBuffers& buf, const Pass& p, int64_t r,
+                                                 int64_t j) {
   switch (p.shape) {
     case Shape::kRow:
       return {buf.chunk_q0 + j, buf.chunk_kv0};
@@ -274,7 +275,7 @@ struct LaneGather {
 };
 
 template <typename E, typename R>
-HWY_INLINE void LoadLanes(const LaneGather& g, R* HWY_RESTRICT out, int64_t lo, int64_t hi) {
+SDPA_INLINE void LoadLanes(const LaneGather& g, R* HWY_RESTRICT out, int64_t lo, int64_t hi) {
   const E* HWY_RESTRICT base = static_cast<const E*>(g.data);
   for (int64_t j = lo; j < hi; ++j) out[j] = g.ok[j] ? static_cast<R>(base[g.offsets[j]]) : R(0);
 }
@@ -282,7 +283,7 @@ HWY_INLINE void LoadLanes(const LaneGather& g, R* HWY_RESTRICT out, int64_t lo, 
 /// Captured-tensor read: bounds-checks every index lane, then loads with the dtype switch
 /// outside the lane loop.
 template <typename R>
-HWY_INLINE void Read(RowBuffers& buf, const Instr& in, R* out, const Pass& p) {
+SDPA_INLINE void Read(RowBuffers& buf, const Instr& in, R* out, const Pass& p) {
   const Captured& c = (*buf.captured)[in.slot];
   const Tensor& t = c.tensor();
   const int64_t dims = static_cast<int64_t>(in.args.size());
@@ -346,8 +347,8 @@ HWY_INLINE void Read(RowBuffers& buf, const Instr& in, R* out, const Pass& p) {
 /// Integer floor division / modulo lanes; a zero divisor throws in score passes and is
 /// recorded (result 0) in chunk passes.
 template <bool kModulo>
-HWY_INLINE void IntDivide(RowBuffers& buf, const View<int64_t>& x, const View<int64_t>& y,
-                          int64_t* out, const Pass& p) {
+SDPA_INLINE void IntDivide(RowBuffers& buf, const View<int64_t>& x, const View<int64_t>& y,
+                           int64_t* out, const Pass& p) {
   for (int64_t r = 0; r < p.rows; ++r) {
     const int64_t* xp = x.base + r * x.row_stride;
     const int64_t* yp = y.base + r * y.row_stride;
@@ -368,12 +369,12 @@ HWY_INLINE void IntDivide(RowBuffers& buf, const View<int64_t>& x, const View<in
 /// Operand a of instruction `in` as pass `p` reads it. Forced inline, as the views were
 /// when they were macros: GCC did not inline lambdas in EvalInstr's switch.
 template <typename T>
-HWY_INLINE View<T> Arg(RowBuffers& buf, const Instr& in, int a, const Pass& p) {
+SDPA_INLINE View<T> Arg(RowBuffers& buf, const Instr& in, int a, const Pass& p) {
   return ViewOf<T>(buf, in.args[a], p);
 }
 
 /// Evaluates instruction `k` in pass `p` into its own storage.
-HWY_INLINE void EvalInstr(RowBuffers& buf, int32_t k, const Pass& p, float* out = nullptr) {
+SDPA_INLINE void EvalInstr(RowBuffers& buf, int32_t k, const Pass& p, float* out = nullptr) {
   const CompiledProgram& prog = *buf.program;
   const Instr& in = prog.code[k];
   float* fo = out ? out : buf.fvals(k);

@@ -9,6 +9,7 @@
 #define SDPA_FLEX_EVAL_MATH_INL_H_
 #endif
 
+#include "core/kernel_inline.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
@@ -20,7 +21,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 /// exp over every float32: Highway's Exp is valid only up to about 88.7 (above, garbage
 /// instead of +inf: exp(100 s) gave finite scores where MATH overflows) and down to -104.
 template <class D, class V>
-HWY_INLINE V ExpAllInputs(D d, V x) {
+SDPA_INLINE V ExpAllInputs(D d, V x) {
   V e = hn::Exp(d, x);
   e = hn::IfThenElse(hn::Gt(x, hn::Set(d, 88.72283f)), hn::Inf(d), e);
   e = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -103.972f)), e);
@@ -30,7 +31,7 @@ HWY_INLINE V ExpAllInputs(D d, V x) {
 /// log over every float32 as std::log: Highway's Log is valid only on (0, FLT_MAX] (log of
 /// a negative score gave finite garbage where MATH gives NaN; log(0) gave -102, not -inf).
 template <class D, class V>
-HWY_INLINE V LogAllInputs(D d, V x) {
+SDPA_INLINE V LogAllInputs(D d, V x) {
   const V zero = hn::Zero(d);
   // Lanes in Log's domain take it; the others get a harmless 1 and are replaced below.
   const auto valid = hn::And(hn::Gt(x, zero), hn::Lt(x, hn::Inf(d)));
@@ -47,7 +48,7 @@ HWY_INLINE V LogAllInputs(D d, V x) {
 /// Newton-refined reciprocal. Cheaper than hn::Tanh (Expm1 and a full division), which
 /// dominated soft-capping score_mods.
 template <class D, class V>
-HWY_INLINE V FastTanh(D d, V x) {
+SDPA_INLINE V FastTanh(D d, V x) {
   // The odd polynomial on x itself (exactly odd: no abs and sign restore needed).
   const V x2 = hn::Mul(x, x);
   V poly = hn::Set(d, -6.287600915043896e-3f);

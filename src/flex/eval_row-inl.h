@@ -18,6 +18,7 @@
 #include <iterator>
 #include <limits>
 
+#include "core/kernel_inline.h"
 #include "flex/eval_chain-inl.h"
 #include "flex/eval_instr-inl.h"
 #include "flex/row_buffers.h"
@@ -47,7 +48,7 @@ struct ScoreLanes {
 };
 
 /// The pass evaluating every instruction of shape `s` in a chunk.
-HWY_INLINE Pass ChunkPass(const RowBuffers& buf, Shape s) {
+SDPA_INLINE Pass ChunkPass(const RowBuffers& buf, Shape s) {
   switch (s) {
     case Shape::kRow:
       return {s, 1, 0, RowBuffers::kChunkRows, 0, 0, nullptr};
@@ -82,7 +83,8 @@ inline HWY_NOINLINE void EvaluateChunk(RowBuffers& buf, int64_t b, int64_t h, in
 
 /// Makes the chunk containing query q_idx and the key tile at kv0 of (b, h) current
 /// (evaluated once, then reused by the chunk's other rows); returns q_idx's chunk row.
-HWY_INLINE int64_t PrepareChunk(RowBuffers& buf, int64_t b, int64_t h, int64_t q_idx, int64_t kv0) {
+SDPA_INLINE int64_t PrepareChunk(RowBuffers& buf, int64_t b, int64_t h, int64_t q_idx,
+                                 int64_t kv0) {
   const int64_t q0 = q_idx - q_idx % RowBuffers::kChunkRows;
   if (b != buf.chunk_b || h != buf.chunk_h || q0 != buf.chunk_q0 || kv0 != buf.chunk_kv0) {
     EvaluateChunk(buf, b, h, q0, kv0);
@@ -91,7 +93,7 @@ HWY_INLINE int64_t PrepareChunk(RowBuffers& buf, int64_t b, int64_t h, int64_t q
 }
 
 /// Whether element (row, j) for some j in [lo, hi) failed in the chunk pass.
-HWY_INLINE bool RowHasBad(const RowBuffers& buf, int64_t row, int64_t lo, int64_t hi) {
+SDPA_INLINE bool RowHasBad(const RowBuffers& buf, int64_t row, int64_t lo, int64_t hi) {
   if (!buf.any_bad || lo >= hi) return false;
   if (buf.bad_scalar || buf.bad_row[row]) return true;
   const uint8_t* full = buf.bad_full.data() + row * buf.lanes;
@@ -117,8 +119,8 @@ HWY_INLINE bool RowHasBad(const RowBuffers& buf, int64_t row, int64_t lo, int64_
 
 /// Throws (ReportBadRow) for a failed chunk element that lanes [lo[r], hi[r]) of score
 /// rows row .. row + rows - 1 consume (scores + r * stride: their scores).
-HWY_INLINE void CheckScoreRows(RowBuffers& buf, int64_t row, int64_t rows, const float* scores,
-                               int64_t stride, const int64_t* lo, const int64_t* hi) {
+SDPA_INLINE void CheckScoreRows(RowBuffers& buf, int64_t row, int64_t rows, const float* scores,
+                                int64_t stride, const int64_t* lo, const int64_t* hi) {
   for (int64_t r = 0; r < rows; ++r) {
     if (RowHasBad(buf, row + r, lo[r], hi[r])) {
       ReportBadRow(buf, scores + r * stride, row + r, lo[r], hi[r]);
@@ -142,7 +144,7 @@ inline HWY_NOINLINE void EvaluateScoreRows(RowBuffers& buf, int64_t row, int64_t
 
 /// Whether the program's result is the last score-shaped float instruction, which can then
 /// be evaluated straight into the score rows (ScoreModInPlace).
-HWY_INLINE bool ResultInPlace(const RowBuffers& buf) {
+SDPA_INLINE bool ResultInPlace(const RowBuffers& buf) {
   const int32_t result = buf.program->result;
   return !buf.score_code.empty() && buf.score_code.back() == result &&
          buf.program->code[result].type == ValueType::kFloat;
@@ -167,8 +169,8 @@ inline HWY_NOINLINE void ScoreModInPlace(RowBuffers& buf, int64_t row, int64_t r
 }
 
 /// One score row of EvaluateScoreRows.
-HWY_INLINE void EvaluateScoreRow(RowBuffers& buf, int64_t row, const float* scores, int64_t lo,
-                                 int64_t hi) {
+SDPA_INLINE void EvaluateScoreRow(RowBuffers& buf, int64_t row, const float* scores, int64_t lo,
+                                  int64_t hi) {
   EvaluateScoreRows(buf, row, 1, ScoreLanes<const float>{scores, 0, &lo, &hi});
 }
 
@@ -197,8 +199,8 @@ inline void MaterializeLanes(RowBuffers& buf, int32_t id) {
 /// Replaces lanes.s[r * stride + j] by score_mod of it for the site's rows r (query
 /// q_first + r) and lanes j in [lo[r], hi[r]): one evaluation per chunk of rows, so the
 /// program's dispatch is paid per chunk rather than per row.
-HWY_INLINE void ApplyScoreModRows(RowBuffers& buf, const EvalSite& site,
-                                  const ScoreLanes<float>& lanes) {
+SDPA_INLINE void ApplyScoreModRows(RowBuffers& buf, const EvalSite& site,
+                                   const ScoreLanes<float>& lanes) {
   const int64_t s_stride = lanes.stride;
   for (int64_t r0 = 0; r0 < site.rows;) {
     const int64_t row = PrepareChunk(buf, site.b, site.h, site.q_first + r0, site.kv0);
@@ -241,7 +243,7 @@ HWY_INLINE void ApplyScoreModRows(RowBuffers& buf, const EvalSite& site,
 
 /// Whether ScoreModRegisterRow can apply this score_mod: score + X, score - X (ALiBi,
 /// relative position) or a score chain (soft-capping).
-HWY_INLINE bool ScoreModRunsInRegisters(const RowBuffers& buf) {
+SDPA_INLINE bool ScoreModRunsInRegisters(const RowBuffers& buf) {
   return buf.bias >= 0 || !buf.score_chain.empty();
 }
 
@@ -287,8 +289,8 @@ inline HWY_NOINLINE void LookUpRegisterModRows(RowBuffers& buf, const EvalSite& 
 /// calls for one tile (rows in any order; a fresh RegisterModRows per tile). Throws for a
 /// consumed failed element.
 template <int kVecs, class D>
-HWY_INLINE void ScoreModRegisterRow(RowBuffers& buf, const EvalSite& site, RegisterModRows& rows,
-                                    D d, hn::Vec<D> (&x)[kVecs]) {
+SDPA_INLINE void ScoreModRegisterRow(RowBuffers& buf, const EvalSite& site, RegisterModRows& rows,
+                                     D d, hn::Vec<D> (&x)[kVecs]) {
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
   if (rows.q0 < 0 || site.q_first < rows.q0 || site.q_first - rows.q0 >= RowBuffers::kChunkRows) {
     LookUpRegisterModRows(buf, site, kVecs * n, rows);
@@ -313,8 +315,8 @@ HWY_INLINE void ScoreModRegisterRow(RowBuffers& buf, const EvalSite& site, Regis
 
 /// Replaces s[j] by score_mod(s[j]) for j in [lo, hi), where s is the score row of the
 /// site's query over its key tile.
-HWY_INLINE void ApplyScoreMod(RowBuffers& buf, const EvalSite& site, float* s, int64_t lo,
-                              int64_t hi) {
+SDPA_INLINE void ApplyScoreMod(RowBuffers& buf, const EvalSite& site, float* s, int64_t lo,
+                               int64_t hi) {
   ApplyScoreModRows(buf, site, ScoreLanes<float>{s, 0, &lo, &hi});
 }
 
@@ -326,7 +328,7 @@ struct KeptLanes {
 
 /// The lanes of [lo, hi) (at most 64) where mask_mod (a program that does not read score)
 /// keeps chunk row `row` (after PrepareChunk): bit j - lo for lane j.
-HWY_INLINE uint64_t KeptLaneBits(RowBuffers& buf, int64_t row, int64_t lo, int64_t hi) {
+SDPA_INLINE uint64_t KeptLaneBits(RowBuffers& buf, int64_t row, int64_t lo, int64_t hi) {
   const uint64_t all = hi - lo >= 64 ? ~uint64_t{0} : (uint64_t{1} << (hi - lo)) - 1;
   const View<int64_t> keep = ViewOf<int64_t>(
       buf, buf.program->result, Pass{Shape::kScore, 1, lo, hi, buf.lanes, row, nullptr});
@@ -346,8 +348,8 @@ HWY_INLINE uint64_t KeptLaneBits(RowBuffers& buf, int64_t row, int64_t lo, int64
 /// Kept lanes of mask_mod (a program that does not read score) for the site's query over
 /// lanes [lo, hi) of its key tile. Throws, as ApplyMaskMod, for a failed element of
 /// [lo, hi).
-HWY_INLINE KeptLanes CountKeptLanes(RowBuffers& buf, const EvalSite& site, int64_t lo,
-                                    int64_t hi) {
+SDPA_INLINE KeptLanes CountKeptLanes(RowBuffers& buf, const EvalSite& site, int64_t lo,
+                                     int64_t hi) {
   SDPA_CHECK(buf.score_code.empty(), "flex: internal error: a mask_mod reads score");
   const int64_t row = PrepareChunk(buf, site.b, site.h, site.q_first, site.kv0);
   if (RowHasBad(buf, row, lo, hi)) ReportBadRow(buf, nullptr, row, lo, hi);
@@ -365,8 +367,8 @@ HWY_INLINE KeptLanes CountKeptLanes(RowBuffers& buf, const EvalSite& site, int64
 }
 
 /// Sets s[j] = -inf for j in [lo, hi) where mask_mod is false (s as in ApplyScoreMod).
-HWY_INLINE void ApplyMaskMod(RowBuffers& buf, const EvalSite& site, float* HWY_RESTRICT s,
-                             int64_t lo, int64_t hi) {
+SDPA_INLINE void ApplyMaskMod(RowBuffers& buf, const EvalSite& site, float* HWY_RESTRICT s,
+                              int64_t lo, int64_t hi) {
   const int64_t row = PrepareChunk(buf, site.b, site.h, site.q_first, site.kv0);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   if (buf.score_code.empty()) {

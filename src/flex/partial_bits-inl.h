@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/kernel_inline.h"
 #include "flex/eval_row-inl.h"
 #include "flex/partial_bits.h"
 #include "flex/row_state.h"
@@ -28,8 +29,8 @@ namespace HWY_NAMESPACE {
 // Evaluates kv block kb of q block qb (for batch b, head h) into slot `slot`. False where
 // an element of the block failed: the kernel's own evaluation then reports the failure
 // where the element is consumed, as without shared bits.
-HWY_INLINE bool FillPartialBlock(RowBuffers& buf, const PartialBlockBits& bits, int64_t slot,
-                                 int64_t b, int64_t h, int64_t qb, int64_t kb) {
+SDPA_INLINE bool FillPartialBlock(RowBuffers& buf, const PartialBlockBits& bits, int64_t slot,
+                                  int64_t b, int64_t h, int64_t qb, int64_t kb) {
   constexpr int64_t kWord = PartialBlockBits::kWordKeys;
   const BlockMask& m = bits.mask();
   const int64_t i0 = qb * m.q_block_size, i1 = std::min(m.q_len, i0 + m.q_block_size);
@@ -52,8 +53,8 @@ HWY_INLINE bool FillPartialBlock(RowBuffers& buf, const PartialBlockBits& bits, 
 // null where there is none to read (no shared bits, a tile that is not one word, another
 // thread still filling the block, a failed element). Call right after
 // st.blocks.state(site.b, site.h, site.q_first, kb) returned kPartial.
-HWY_INLINE const uint64_t* SharedPartialWord(RowState& st, const EvalSite& site, int64_t kb,
-                                             int64_t hi) {
+SDPA_INLINE const uint64_t* SharedPartialWord(RowState& st, const EvalSite& site, int64_t kb,
+                                              int64_t hi) {
   constexpr int64_t kWord = PartialBlockBits::kWordKeys;
   PartialBlockBits* bits = st.partial_bits;
   if (bits == nullptr || !bits->active() || st.mask_mod->lanes != kWord ||
@@ -78,15 +79,15 @@ HWY_INLINE const uint64_t* SharedPartialWord(RowState& st, const EvalSite& site,
 }
 
 // Lanes [lo, hi) (hi <= 64) of a word.
-HWY_INLINE uint64_t LaneRange(uint64_t word, int64_t lo, int64_t hi) {
+SDPA_INLINE uint64_t LaneRange(uint64_t word, int64_t lo, int64_t hi) {
   const uint64_t below_hi = hi >= 64 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
   return word & below_hi & (~uint64_t{0} << lo);
 }
 
 /// CountKeptLanes over lanes [lo, hi) of partial kv block kb (st has a mask_mod), from the
 /// shared bits where there are.
-HWY_INLINE KeptLanes PartialKeptLanes(RowState& st, const EvalSite& site, int64_t kb,
-                                      int64_t lo, int64_t hi) {
+SDPA_INLINE KeptLanes PartialKeptLanes(RowState& st, const EvalSite& site, int64_t kb, int64_t lo,
+                                       int64_t hi) {
   const uint64_t* word = SharedPartialWord(st, site, kb, hi);
   if (word == nullptr) return CountKeptLanes(*st.mask_mod, site, lo, hi);
   const uint64_t bits = LaneRange(*word, lo, hi);
@@ -97,8 +98,8 @@ HWY_INLINE KeptLanes PartialKeptLanes(RowState& st, const EvalSite& site, int64_
 
 /// ApplyMaskMod over lanes [lo, hi) of partial kv block kb (st has a mask_mod), from the
 /// shared bits where there are.
-HWY_INLINE void PartialMaskRow(RowState& st, const EvalSite& site, int64_t kb,
-                               float* HWY_RESTRICT s, int64_t lo, int64_t hi) {
+SDPA_INLINE void PartialMaskRow(RowState& st, const EvalSite& site, int64_t kb,
+                                float* HWY_RESTRICT s, int64_t lo, int64_t hi) {
   const uint64_t* word = SharedPartialWord(st, site, kb, hi);
   if (word == nullptr) return ApplyMaskMod(*st.mask_mod, site, s, lo, hi);
   const uint64_t bits = *word;
