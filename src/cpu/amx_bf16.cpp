@@ -43,26 +43,6 @@ TileConfig standard_config() {
   return config;
 }
 
-bool cpu_and_os_have_amx() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
-  if (!amx_bf16 || !amx_tile) return false;
-  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !((ecx >> 27) & 1u)) return false;  // OSXSAVE
-  uint32_t xcr0_low = 0, xcr0_high = 0;
-  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
-  constexpr uint32_t kTileState = (1u << 17) | (1u << 18);  // XTILECFG, XTILEDATA
-  if ((xcr0_low & kTileState) != kTileState) return false;
-#ifdef __linux__
-  // Linux 5.16+ hands the 8 KiB tile data state to processes that ask for it; without the
-  // permission the first tile instruction raises SIGILL.
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-  return false;
-#endif
-}
-
 thread_local int t_scope_depth = 0;
 
 // (Constructors and destructors do not take GCC's target attribute: these do.)
@@ -211,6 +191,26 @@ std::vector<uint32_t>& staging() {
 }
 
 }  // namespace
+
+bool cpu_and_os_have_amx() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
+  if (!amx_bf16 || !amx_tile) return false;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !((ecx >> 27) & 1u)) return false;  // OSXSAVE
+  uint32_t xcr0_low = 0, xcr0_high = 0;
+  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  constexpr uint32_t kTileState = (1u << 17) | (1u << 18);  // XTILECFG, XTILEDATA
+  if ((xcr0_low & kTileState) != kTileState) return false;
+#ifdef __linux__
+  // Linux 5.16+ hands the 8 KiB tile data state to processes that ask for it; without the
+  // permission the first tile instruction raises SIGILL.
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 
 bool amx_available() {
   static const bool available = [] {

@@ -16,9 +16,12 @@
 
 namespace sdpa::cpu {
 
-/// Whether this CPU has AMX-TILE and AMX-BF16, the OS enables their state and granted it
-/// to this process, and SDPA_DISABLE_AMX is not 1 (tests use it to run the vdpbf16ps
-/// kernels on AMX CPUs). Asks for the permission on the first call.
+/// Whether this CPU has AMX-TILE and AMX-BF16 and the OS enables their state and granted
+/// it to this process (asking for the permission), whatever SDPA_DISABLE_AMX says.
+bool cpu_and_os_have_amx();
+
+/// cpu_and_os_have_amx() unless SDPA_DISABLE_AMX is 1 (tests use it to run the vdpbf16ps
+/// kernels on AMX CPUs); decided on the first call.
 bool amx_available();
 
 /// Loads the tile configuration of AmxBf16Gemm on the calling thread for its lifetime and
