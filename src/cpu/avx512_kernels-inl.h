@@ -43,6 +43,12 @@ struct Avx512Kernels {
                                                const SoftmaxRows& state, float* HWY_RESTRICT p) {
     QkSoftmaxTileF32(q, k, state, p, mod);
   }
+  /// QkSoftmaxF32 with the ALiBi bias added to the scores in registers.
+  static SDPA_INLINE void QkAlibiSoftmaxF32(const QueryRows<float>& q, const KeyTile<float>& k,
+                                            const AlibiRows& alibi, const SoftmaxRows& state,
+                                            float* HWY_RESTRICT p) {
+    QkSoftmaxTileF32(q, k, state, p, alibi);
+  }
   /// QkSoftmaxF32 of a tile whose rows keep intervals of its keys (QkBandSoftmaxTileF32).
   static constexpr auto& QkBandSoftmaxF32 = QkBandSoftmaxTileF32;
   static constexpr auto& SoftmaxLazyF32 = SoftmaxTileLazyF32;

@@ -238,11 +238,11 @@ SDPA_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fl
     // the key vectors those intervals reach (QkBandSoftmaxTileF32).
     const bool band_fused =
         Target::kFusedTiles && needs_mask && !bf16 && BandTileInRegisters(p, ws, set, rows);
-    // Nothing changes the scores: q.k^T and the softmax in registers (bf16 needs a
-    // positive scale, which its softmax multiplies in; float32 q carries it). On AMX the
-    // tile GEMM into ws.scores and the softmax after it are faster than vdpbf16ps in
-    // registers.
-    const bool fused = (!needs_mask || band_fused) && !alibi &&
+    // Nothing but ALiBi changes the scores: q.k^T and the softmax in registers (bf16
+    // needs a positive scale, which its softmax multiplies in; float32 q carries it, and
+    // only float32 adds ALiBi there, AlibiRows; band_fused excludes it). On AMX the tile
+    // GEMM into ws.scores and the softmax after it are faster than vdpbf16ps in registers.
+    const bool fused = (!needs_mask || band_fused) && (!alibi || !bf16) &&
                        (!bf16 || (p_in_bf16 && call.scale > 0.0f && !ws.amx.active()));
     if constexpr (Target::kFusedTiles) {
       if (fused) {
@@ -259,6 +259,10 @@ SDPA_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fl
           Target::QkScoreModSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk},
                                        {&*ws.flex.score_mod, q.b, q.h, q.q_begin, j0}, ws.partial,
                                        ws.scores);
+        } else if (alibi) {
+          const AlibiRow row0 = alibi_row(p.mask, q.h, q.q_begin, p.q_len, S);
+          Target::QkAlibiSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk},
+                                    {row0.slope, j0 - row0.center}, ws.partial, ws.scores);
         } else {
           Target::QkSoftmaxF32({ws.q, p.head_dim_qk, rows}, {t.k_t, p.head_dim_qk}, ws.partial,
                                ws.scores);

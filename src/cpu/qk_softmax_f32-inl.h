@@ -58,6 +58,26 @@ struct FlexScoreModRows {
   }
 };
 
+/// The ALiBi bias on register rows: row r's first key lies first_offset - r keys from the
+/// row's ALiBi center, and x[v] -= slope * |distance| lane by lane. The operations are
+/// AddAlibiRow's (tile_ops-inl.h), so a fused tile's scores equal those computed in memory.
+struct AlibiRows {
+  float slope;
+  int64_t first_offset;  // the tile's first key minus row 0's center
+
+  template <int kVecs>
+  SDPA_INLINE void operator()(int64_t r, hn::Vec512<float> (&x)[kVecs]) const {
+    const hn::Full512<float> d;
+    const auto neg_slope = hn::Set(d, -slope);
+    const auto step = hn::Set(d, 16.0f);
+    auto position = hn::Iota(d, static_cast<float>(first_offset - r));
+    for (int v = 0; v < kVecs; ++v) {
+      x[v] = hn::MulAdd(neg_slope, hn::Abs(position), x[v]);
+      position = hn::Add(position, step);
+    }
+  }
+};
+
 /// A band's keys on register rows: lanes of row r outside its kept keys [lo[r], hi[r])
 /// (offsets in the key tile, 0 <= lo <= hi <= kBlockKv) become -inf, as MaskScoreRow sets
 /// them in memory. The registers hold the tile's keys from `first_lane` (a multiple of 16).
@@ -144,10 +164,10 @@ SDPA_INLINE void QkSoftmaxRowsF32(const QueryRows<float>& q, const KeyTile<float
   SoftmaxRegisterRowsF32<kRows>(acc, state, p + 16 * v0, mod, row0);
 }
 
-/// Fused q.k^T and online softmax of a key tile no mask or bias touches, for query rows
-/// [0, q.rows) of a block (rows <= kBlockQ): q float32 already times the softmax scale,
-/// k PackedKv's k^T [E, kBlockKv]; `mod` (NoScoreMod, FlexScoreModRows) changes each
-/// row's scores before its softmax. Updates state's m (lazily, see lazy_softmax-inl.h), l
+/// Fused q.k^T and online softmax of a key tile no mask touches, for query rows [0, q.rows)
+/// of a block (rows <= kBlockQ): q float32 already times the softmax scale, k PackedKv's
+/// k^T [E, kBlockKv]; `mod` (NoScoreMod, FlexScoreModRows, AlibiRows) changes each row's
+/// scores before its softmax. Updates state's m (lazily, see lazy_softmax-inl.h), l
 /// and l_lanes (together the row sums relative to m), writes state.alpha and P [rows,
 /// kBlockKv].
 template <class ScoreMod = NoScoreMod>
