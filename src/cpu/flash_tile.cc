@@ -156,11 +156,6 @@ SDPA_INLINE bool BandTileInRegisters(const AttentionParams& p, const FlashScratc
   return std::all_of(set.blocks_applied, set.blocks_applied + rows, [](bool b) { return b; });
 }
 
-// The partial sums of the last key tiles (kTilesPerPartialSum) go into the total.
-// `with_o`: the float32 path, whose P.v goes to partial.o (bf16's goes to total.o).
-SDPA_INLINE void FlushPartial(FlashScratch& ws, int64_t rows, bool with_o) {
-  AddPartial(ws.partial, ws.total, rows, with_o);
-}
 
 // Starts a q-block: q packed (float32 times the scale, or bf16 bits unscaled), the state
 // reset, the rows' keys and the fused tiles' lanes.
@@ -203,6 +198,11 @@ SDPA_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fl
   const bool p_in_bf16 = bf16 && !p.has_dropout();
   StartQBlock<Target>(call, q, ws, bf16);
   int64_t partial_tiles = 0;  // key tiles summed in ws.partial
+  // float32: P.v goes to partial.o, whose rescale the product folds in; total.o's waits
+  // in o_scale until the flush (bf16's P.v goes to total.o, rescaled at once).
+  float o_scale[kBlockQ];
+  std::fill(o_scale, o_scale + rows, 1.0f);
+  float* const flush_o_scale = bf16 ? nullptr : o_scale;
   // Whether partial.l_lanes holds row sums not yet in partial.l (fused tiles).
   bool sums_in_lanes = false;
 
@@ -290,8 +290,11 @@ SDPA_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fl
       ScoresAndSoftmax<Target>(call, tile_rows, t, ws);
     }
     // The softmax rescaled partial.l itself.
-    ApplyRescale(ws.total, rows, true);
-    ApplyRescale(ws.partial, rows, false);
+    if (bf16) {
+      ApplyRescale(ws.total, rows, true);
+    } else {
+      DeferRescale(ws.total, rows, o_scale);
+    }
     for (int64_t r = 0; r < rows && p.has_dropout(); ++r) {
       apply_dropout(p, {q.b, q.h, q.q_begin + r, j0}, ws.scores + r * kBlockKv, cols);
     }
@@ -307,13 +310,14 @@ SDPA_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fl
                  {ws.total.o, ev_pad}, GemmOutput::kAccumulate);
     } else if (trimmed) {
       GemmAccumulateRowSupport({rows, ev_pad, cols}, {ws.scores, kBlockKv}, {t.v, t.v_ld},
-                               {ws.partial.o, ev_pad}, support);
+                               {ws.partial.o, ev_pad}, support, ws.partial.alpha);
     } else {
       Gemm({rows, ev_pad, cols}, {ws.scores, kBlockKv}, {t.v, t.v_ld}, {ws.partial.o, ev_pad},
-           GemmOutput::kAccumulate);
+           GemmOutput::kAccumulate, ws.partial.alpha);
     }
+    // The partial sums of the last key tiles go into the total.
     if (++partial_tiles == kTilesPerPartialSum) {
-      FlushPartial(ws, rows, !bf16);
+      AddPartial(ws.partial, ws.total, rows, flush_o_scale);
       partial_tiles = 0;
     }
   }
@@ -321,7 +325,7 @@ SDPA_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fl
   if constexpr (Target::kFusedTiles) {
     if (sums_in_lanes) Target::FoldLaneSums(ws.partial, rows);
   }
-  FlushPartial(ws, rows, !bf16);
+  AddPartial(ws.partial, ws.total, rows, flush_o_scale);
   FinishRows(ws.total, rows, RowView(call.out, q.b, q.h), q.q_begin,
              call.lse + query_row_index(p, q.b, q.h, q.q_begin));
 }

@@ -1,6 +1,8 @@
 // Register-blocked float32 GEMM for attention tiles: C[M, N] (+)= A[M, K] . B[K, N], B and
 // C row-major, N a multiple of the vector width; A is read through two strides, so a
-// transposed A (P^T, dS^T in the backward) needs no copy. Serves q.k^T (B = packed k^T),
+// transposed A (P^T, dS^T in the backward) needs no copy. Accumulating, C's rows may be
+// scaled first (C = c_scale[r] C + A.B): the online softmax's rescale of the output
+// accumulator then costs no pass of its own. Serves q.k^T (B = packed k^T),
 // P.v (B = packed v) and the backward's products. Per-target code: include after
 // foreach_target.h.
 
@@ -40,7 +42,7 @@ static_assert(kGemmRows <= 6);
 
 template <int64_t kRows, int64_t kVecs>
 SDPA_INLINE void GemmMicroTile(StridedMatrix<const float> a, Matrix<const float> b, Matrix<float> c,
-                               int64_t depth, GemmOutput output) {
+                               int64_t depth, GemmOutput output, const float* c_scale) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -68,7 +70,11 @@ SDPA_INLINE void GemmMicroTile(StridedMatrix<const float> a, Matrix<const float>
   for (int64_t r = 0; r < kRows; ++r) {
     for (int64_t v = 0; v < kVecs; ++v) {
       float* out = c_data + r * ldc + v * lanes;
-      hn::StoreU(accumulate ? hn::Add(hn::LoadU(d, out), acc[r][v]) : acc[r][v], d, out);
+      V sum = acc[r][v];
+      // One rounding either way: c_scale[r] C + acc is fused (and C + acc with a scale of 1).
+      if (accumulate && c_scale) sum = hn::MulAdd(hn::LoadU(d, out), hn::Set(d, c_scale[r]), sum);
+      if (accumulate && !c_scale) sum = hn::Add(hn::LoadU(d, out), sum);
+      hn::StoreU(sum, d, out);
     }
   }
 }
@@ -76,17 +82,19 @@ SDPA_INLINE void GemmMicroTile(StridedMatrix<const float> a, Matrix<const float>
 // All row blocks of one column panel: dims.n is kVecs vectors.
 template <int64_t kVecs>
 SDPA_INLINE void GemmPanel(GemmDims dims, StridedMatrix<const float> a, Matrix<const float> b,
-                           Matrix<float> c, GemmOutput output) {
+                           Matrix<float> c, GemmOutput output, const float* c_scale) {
   const int64_t m = dims.m, depth = dims.depth;
   int64_t r = 0;
   for (; r + kGemmRows <= m; r += kGemmRows) {
-    GemmMicroTile<kGemmRows, kVecs>(a.from(r, 0), b, c.from(r, 0), depth, output);
+    GemmMicroTile<kGemmRows, kVecs>(a.from(r, 0), b, c.from(r, 0), depth, output,
+                                    c_scale ? c_scale + r : nullptr);
   }
   // The remaining rows in one shorter micro-tile (one row at a time would make the loop
   // load-bound: one broadcast per kVecs FMAs).
   a = a.from(r, 0);
   c = c.from(r, 0);
-#define SDPA_GEMM_ROWS_TAIL(R) return GemmMicroTile<R, kVecs>(a, b, c, depth, output)
+  if (c_scale) c_scale += r;
+#define SDPA_GEMM_ROWS_TAIL(R) return GemmMicroTile<R, kVecs>(a, b, c, depth, output, c_scale)
   switch (m - r) {
     case 1: SDPA_GEMM_ROWS_TAIL(1);
     case 2: SDPA_GEMM_ROWS_TAIL(2);
@@ -98,24 +106,25 @@ SDPA_INLINE void GemmPanel(GemmDims dims, StridedMatrix<const float> a, Matrix<c
 #undef SDPA_GEMM_ROWS_TAIL
 }
 
-/// C[m, n] = A[m, depth] . B[depth, n] (+ C when accumulating); n % Lanes == 0. A is read
-/// through its two strides, so a transposed A needs no copy.
+/// C[m, n] = A[m, depth] . B[depth, n] (+ C when accumulating, times c_scale[r] on row r
+/// when c_scale is given); n % Lanes == 0. A is read through its two strides, so a
+/// transposed A needs no copy.
 SDPA_INLINE void Gemm(GemmDims dims, StridedMatrix<const float> a, Matrix<const float> b,
-                      Matrix<float> c, GemmOutput output) {
+                      Matrix<float> c, GemmOutput output, const float* c_scale = nullptr) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t vecs = dims.n / lanes;
   int64_t v = 0;
   for (; v + kGemmVecs <= vecs; v += kGemmVecs) {
     GemmPanel<kGemmVecs>({dims.m, kGemmVecs * lanes, dims.depth}, a, b.from(0, v * lanes),
-                         c.from(0, v * lanes), output);
+                         c.from(0, v * lanes), output, c_scale);
   }
   // The remaining vectors in one narrower panel (one vector per panel would make the loop
   // broadcast-bound: kGemmRows broadcasts per kGemmRows FMAs).
   const GemmDims tail{dims.m, dims.n - v * lanes, dims.depth};
   b = b.from(0, v * lanes);
   c = c.from(0, v * lanes);
-#define SDPA_GEMM_VECS_TAIL(V) return GemmPanel<V>(tail, a, b, c, output)
+#define SDPA_GEMM_VECS_TAIL(V) return GemmPanel<V>(tail, a, b, c, output, c_scale)
   switch (vecs - v) {
     case 1: SDPA_GEMM_VECS_TAIL(1);
     case 2: SDPA_GEMM_VECS_TAIL(2);
@@ -164,20 +173,32 @@ SDPA_INLINE void GemmRowSupport(GemmDims dims, StridedMatrix<const float> a, Mat
   }
 }
 
-/// C[m, n] += P[m, depth] . B[depth, n] where row r of P is zero outside its support:
-/// each panel of kGemmRows rows runs over the union of its rows' support (within depth)
-/// only.
+/// C[m, n] = c_scale[r] C + P[m, depth] . B[depth, n] (c_scale optional, as Gemm's) where
+/// row r of P is zero outside its support: each panel of kGemmRows rows runs over the
+/// union of its rows' support (within depth) only.
 SDPA_INLINE void GemmAccumulateRowSupport(GemmDims dims, StridedMatrix<const float> p,
                                           Matrix<const float> b, Matrix<float> c,
-                                          const RowSupport& support) {
+                                          const RowSupport& support,
+                                          const float* c_scale = nullptr) {
+  const hn::ScalableTag<float> d;
   for (int64_t r = 0; r < dims.m; r += kGemmRows) {
     const int64_t rows = std::min(kGemmRows, dims.m - r);
     int64_t lo, hi;
     PanelSupport(support, r, rows, lo, hi);
     hi = std::min(hi, dims.depth);
-    if (lo >= hi) continue;
-    Gemm({rows, dims.n, hi - lo}, p.from(r, lo), b.from(lo, 0), c.from(r, 0),
-         GemmOutput::kAccumulate);
+    if (lo < hi) {
+      Gemm({rows, dims.n, hi - lo}, p.from(r, lo), b.from(lo, 0), c.from(r, 0),
+           GemmOutput::kAccumulate, c_scale ? c_scale + r : nullptr);
+      continue;
+    }
+    // No product: the panel's rows only take their scale.
+    for (int64_t i = r; i < r + rows && c_scale; ++i) {
+      const auto scale = hn::Set(d, c_scale[i]);
+      float* row = c.data + i * c.ld;
+      for (int64_t j = 0; j < dims.n; j += static_cast<int64_t>(hn::Lanes(d))) {
+        hn::StoreU(hn::Mul(hn::LoadU(d, row + j), scale), d, row + j);
+      }
+    }
   }
 }
 

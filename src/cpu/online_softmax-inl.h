@@ -172,18 +172,32 @@ SDPA_INLINE void ApplyRescale(const SoftmaxRows& state, int64_t rows, bool with_
   }
 }
 
-/// Adds rows [0, rows) of `partial`'s l into `total`'s (and its o with `with_o`), zeroing
-/// what it added: two states sharing m, so that `total` takes one rounding per flush
-/// instead of one per key tile.
+/// The float32 forward's rescale of `total` after a key tile: l at once, o deferred by
+/// multiplying its factor into o_scale[r], which AddPartial applies when it next reads
+/// the row; a tile that raises a row's max then costs no pass over the output row.
+SDPA_INLINE void DeferRescale(const SoftmaxRows& total, int64_t rows, float* HWY_RESTRICT o_scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    total.l[r] *= total.alpha[r];
+    o_scale[r] *= total.alpha[r];
+  }
+}
+
+/// Adds rows [0, rows) of `partial`'s l into `total`'s, and with `o_scale` its o too,
+/// total.o row r first multiplied by o_scale[r] (DeferRescale's factors, reset to 1 here),
+/// zeroing what it added: two states sharing m, so that `total` takes one rounding per
+/// flush instead of one per key tile.
 SDPA_INLINE void AddPartial(const SoftmaxRows& partial, const SoftmaxRows& total, int64_t rows,
-                            bool with_o) {
+                            float* HWY_RESTRICT o_scale) {
   const hn::ScalableTag<float> d;
-  if (with_o) {
-    const int64_t n = rows * total.o_stride;
-    for (int64_t j = 0; j < n; j += static_cast<int64_t>(hn::Lanes(d))) {
-      hn::StoreU(hn::Add(hn::LoadU(d, total.o + j), hn::LoadU(d, partial.o + j)), d, total.o + j);
-      hn::StoreU(hn::Zero(d), d, partial.o + j);
+  for (int64_t r = 0; r < rows && o_scale; ++r) {
+    const auto scale = hn::Set(d, o_scale[r]);
+    float* HWY_RESTRICT to = total.o + r * total.o_stride;
+    float* HWY_RESTRICT from = partial.o + r * partial.o_stride;
+    for (int64_t j = 0; j < total.o_stride; j += static_cast<int64_t>(hn::Lanes(d))) {
+      hn::StoreU(hn::MulAdd(hn::LoadU(d, to + j), scale, hn::LoadU(d, from + j)), d, to + j);
+      hn::StoreU(hn::Zero(d), d, from + j);
     }
+    o_scale[r] = 1.0f;
   }
   for (int64_t r = 0; r < rows; ++r) {
     total.l[r] += partial.l[r];
