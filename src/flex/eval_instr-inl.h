@@ -74,7 +74,7 @@ SDPA_INLINE View<T> ViewOf(RowBuffers& buf, int32_t id, const Pass& pass) {
   if constexpr (std::is_same_v<T, float>) {
     if (buf.program->code[id].op == Op::kScore) return {pass.scores, pass.score_stride, true};
   }
-  constexpr int64_t kLastRow = RowBuffers::kChunkRows - 1;
+  const int64_t kLastRow = buf.chunk_rows - 1;
   switch (pass.shape) {
     case Shape::kFull:
       if (s == Shape::kRow) return {base, 1, false};
@@ -289,8 +289,8 @@ SDPA_INLINE void Read(RowBuffers& buf, const Instr& in, R* out, const Pass& p) {
   const int64_t dims = static_cast<int64_t>(in.args.size());
   View<int64_t> index[8];
   for (int64_t d = 0; d < dims; ++d) index[d] = ViewOf<int64_t>(buf, in.args[d], p);
-  // Lanes of one row: at most max(kMaxLanes, kChunkRows), checked by RowBuffers.
-  static_assert(RowBuffers::kChunkRows <= RowBuffers::kMaxLanes);
+  // Lanes of one row: at most max(kMaxLanes, kMaxChunkRows), checked by RowBuffers.
+  static_assert(RowBuffers::kMaxChunkRows <= RowBuffers::kMaxLanes);
   int64_t offsets[RowBuffers::kMaxLanes];
   uint8_t ok[RowBuffers::kMaxLanes];
   for (int64_t r = 0; r < p.rows; ++r) {
@@ -399,7 +399,7 @@ SDPA_INLINE void EvalInstr(RowBuffers& buf, int32_t k, const Pass& p, float* out
       }
       break;
     case Op::kQIdx:
-      for (int64_t r = 0; r < RowBuffers::kChunkRows; ++r) io[r] = buf.chunk_q0 + r;
+      for (int64_t r = 0; r < buf.chunk_rows; ++r) io[r] = buf.chunk_q0 + r;
       break;
     case Op::kKvIdx:
       for (int64_t j = 0; j < buf.diagonals(); ++j) io[j] = buf.chunk_kv0 + j;

@@ -1,5 +1,5 @@
 // Evaluation of a flex program for the score rows of a kernel tile (row_buffers.h):
-// instructions that do not read score are evaluated once per chunk of kChunkRows query
+// instructions that do not read score are evaluated once per chunk of chunk_rows query
 // rows x one key tile, each over its shape (scalar, per row, per key, per element); a score
 // row then runs only the instructions that read score. This file schedules the chunks and
 // score rows; eval_instr-inl.h evaluates one instruction. Per-target code: include after
@@ -51,19 +51,19 @@ struct ScoreLanes {
 SDPA_INLINE Pass ChunkPass(const RowBuffers& buf, Shape s) {
   switch (s) {
     case Shape::kRow:
-      return {s, 1, 0, RowBuffers::kChunkRows, 0, 0, nullptr};
+      return {s, 1, 0, buf.chunk_rows, 0, 0, nullptr};
     case Shape::kCol:
     case Shape::kDiag:
       return {s, 1, 0, buf.diagonals(), 0, 0, nullptr};
     case Shape::kFull:
-      return {s, RowBuffers::kChunkRows, 0, buf.lanes, buf.lanes, 0, nullptr};
+      return {s, buf.chunk_rows, 0, buf.lanes, buf.lanes, 0, nullptr};
     default:
       return {s, 1, 0, 1, 0, 0, nullptr};
   }
 }
 
 /// Evaluates every instruction that does not read score for the chunk of query rows
-/// [q0, q0 + kChunkRows) and key tile [kv0, kv0 + lanes) of (b, h). Rows past q_len and
+/// [q0, q0 + chunk_rows) and key tile [kv0, kv0 + lanes) of (b, h). Rows past q_len and
 /// keys past kv_len are evaluated too; failures there stay unreported (MarkBad).
 inline HWY_NOINLINE void EvaluateChunk(RowBuffers& buf, int64_t b, int64_t h, int64_t q0,
                                        int64_t kv0) {
@@ -85,7 +85,7 @@ inline HWY_NOINLINE void EvaluateChunk(RowBuffers& buf, int64_t b, int64_t h, in
 /// (evaluated once, then reused by the chunk's other rows); returns q_idx's chunk row.
 SDPA_INLINE int64_t PrepareChunk(RowBuffers& buf, int64_t b, int64_t h, int64_t q_idx,
                                  int64_t kv0) {
-  const int64_t q0 = q_idx - q_idx % RowBuffers::kChunkRows;
+  const int64_t q0 = q_idx - q_idx % buf.chunk_rows;
   if (b != buf.chunk_b || h != buf.chunk_h || q0 != buf.chunk_q0 || kv0 != buf.chunk_kv0) {
     EvaluateChunk(buf, b, h, q0, kv0);
   }
@@ -97,7 +97,7 @@ SDPA_INLINE bool RowHasBad(const RowBuffers& buf, int64_t row, int64_t lo, int64
   if (!buf.any_bad || lo >= hi) return false;
   if (buf.bad_scalar || buf.bad_row[row]) return true;
   const uint8_t* full = buf.bad_full.data() + row * buf.lanes;
-  const uint8_t* diag = buf.bad_diag.data() + RowBuffers::kChunkRows - 1 - row;
+  const uint8_t* diag = buf.bad_diag.data() + buf.chunk_rows - 1 - row;
   for (int64_t j = lo; j < hi; ++j) {
     if (buf.bad_col[j] | full[j] | diag[j]) return true;
   }
@@ -204,7 +204,7 @@ SDPA_INLINE void ApplyScoreModRows(RowBuffers& buf, const EvalSite& site,
   const int64_t s_stride = lanes.stride;
   for (int64_t r0 = 0; r0 < site.rows;) {
     const int64_t row = PrepareChunk(buf, site.b, site.h, site.q_first + r0, site.kv0);
-    const int64_t n = std::min(site.rows - r0, RowBuffers::kChunkRows - row);
+    const int64_t n = std::min(site.rows - r0, buf.chunk_rows - row);
     const ScoreLanes<float> chunk = lanes.from(r0);
     float* sc = chunk.s;
     const int64_t* l = chunk.lo;
@@ -292,7 +292,7 @@ template <int kVecs, class D>
 SDPA_INLINE void ScoreModRegisterRow(RowBuffers& buf, const EvalSite& site, RegisterModRows& rows,
                                      D d, hn::Vec<D> (&x)[kVecs]) {
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
-  if (rows.q0 < 0 || site.q_first < rows.q0 || site.q_first - rows.q0 >= RowBuffers::kChunkRows) {
+  if (rows.q0 < 0 || site.q_first < rows.q0 || site.q_first - rows.q0 >= buf.chunk_rows) {
     LookUpRegisterModRows(buf, site, kVecs * n, rows);
   }
   const int64_t row = site.q_first - rows.q0;

@@ -7,15 +7,15 @@
 //   kRow     q_idx                       one value per row of the chunk
 //   kCol     kv_idx                      one lane per key of the tile
 //   kDiag    kv_idx - q_idx only         one lane per diagonal of the chunk
-//   kFull    q_idx and kv_idx            [kChunkRows, lanes], once per chunk of rows
+//   kFull    q_idx and kv_idx            [chunk_rows, lanes], once per chunk of rows
 //   kScore   score                       per score row the kernel hands over (up to
-//                                        kChunkRows rows per evaluation)
+//                                        chunk_rows rows per evaluation)
 // kDiag covers relative positions (q_idx - kv_idx, |q_idx - kv_idx|, ALiBi's bias, a
 // relative-bias table read, causal and window comparisons): it arises from a subtraction
 // or comparison of q_idx + c with kv_idx + c' and stays diagonal through operations with
 // scalars and other diagonals, so such programs cost O(rows + lanes) per chunk, not
 // O(rows x lanes).
-// A chunk is kChunkRows query rows x one key tile. Everything but the score-dependent part
+// A chunk is chunk_rows query rows x one key tile. Everything but the score-dependent part
 // is computed once per chunk, so a score row costs only its score-dependent instructions
 // (ALiBi: one subtraction), and a mask_mod (which never reads score) costs a select per row.
 
@@ -34,10 +34,16 @@ namespace sdpa::flex {
 enum class Shape : uint8_t { kScalar, kRow, kCol, kDiag, kFull, kScore };
 
 struct RowBuffers {
-  /// Query rows per chunk: 16 x 64 keys of int64 lanes is 8 KB per instruction, so a
-  /// chunk's working set stays in L1 while instruction dispatch is paid once per 1024
-  /// elements instead of once per row.
-  static constexpr int64_t kChunkRows = 16;
+  /// Query rows per chunk (chunk_rows) of programs with per-element (kFull) instructions:
+  /// 16 x 64 keys of int64 lanes is 8 KB per instruction, so a chunk's working set stays
+  /// in L1 while instruction dispatch is paid once per 1024 elements instead of once per
+  /// row.
+  static constexpr int64_t kFullChunkRows = 16;
+  /// Query rows per chunk of the other programs (ALiBi, relative positions, soft-capping):
+  /// their chunk costs O(rows + lanes), so a whole 64-row q-block is one chunk and the
+  /// dispatch is paid once per key tile (sdpa_mask_ratios on the AMX Xeon: flex ALiBi /
+  /// plain 1.28-1.34 -> 1.19-1.22).
+  static constexpr int64_t kMaxChunkRows = 64;
   /// Padding after every buffer: vector loops may run to the next multiple of the widest
   /// vector (16 floats).
   static constexpr int64_t kPad = 16;
@@ -49,7 +55,7 @@ struct RowBuffers {
   /// `lanes`: keys per tile row (a multiple of 16).
   RowBuffers(const CompiledProgram& program, const std::vector<Captured>& captured, int64_t lanes)
       : program(&program), captured(&captured), lanes(lanes), scalar(program, captured) {
-    SDPA_CHECK(lanes > 0 && lanes % kPad == 0 && diagonals() <= kMaxLanes,
+    SDPA_CHECK(lanes > 0 && lanes % kPad == 0 && lanes + kFullChunkRows - 1 <= kMaxLanes,
                "flex: internal error: ", lanes, " lanes per row");
     const size_t n = program.code.size();
     shape.resize(n);
@@ -105,10 +111,16 @@ struct RowBuffers {
       q_affine[k] = affine(Op::kQIdx, q_affine);
       kv_affine[k] = affine(Op::kKvIdx, kv_affine);
       (s == Shape::kScore ? score_code : chunk_code).push_back(static_cast<int32_t>(k));
+    }
+    const bool per_element =
+        std::any_of(shape.begin(), shape.end(), [](Shape s) { return s == Shape::kFull; });
+    chunk_rows = per_element || lanes + kMaxChunkRows - 1 > kMaxLanes ? kFullChunkRows
+                                                                       : kMaxChunkRows;
+    for (size_t k = 0; k < n; ++k) {
       // Whole 64-byte lines per instruction: a vector access that straddles two cache lines
       // costs two, which made misaligned score buffers the evaluation's largest cost.
-      const int64_t size = (extent(s) + kPad + kPad - 1) / kPad * kPad;
-      int64_t& next = in.type == ValueType::kFloat ? f_size : i_size;
+      const int64_t size = (extent(shape[k]) + kPad + kPad - 1) / kPad * kPad;
+      int64_t& next = program.code[k].type == ValueType::kFloat ? f_size : i_size;
       offset[k] = next;
       next += size;
     }
@@ -136,7 +148,7 @@ struct RowBuffers {
     reciprocal.assign(n, {std::numeric_limits<float>::quiet_NaN(), 0.0f});
     row_f.assign(n * static_cast<size_t>(lanes), 0.0f);
     row_i.assign(n * static_cast<size_t>(lanes), 0);
-    bad_full.assign(static_cast<size_t>(kChunkRows * lanes), 0);
+    bad_full.assign(static_cast<size_t>(chunk_rows * lanes), 0);
     bad_col.assign(static_cast<size_t>(diagonals()), 0);
     bad_diag.assign(static_cast<size_t>(diagonals()), 0);
   }
@@ -211,10 +223,10 @@ struct RowBuffers {
            op == Op::kNe;
   }
 
-  /// Diagonals of a chunk: element (r, j) lies on diagonal j - r + kChunkRows - 1. Key
+  /// Diagonals of a chunk: element (r, j) lies on diagonal j - r + chunk_rows - 1. Key
   /// lanes (kCol) are evaluated that far too, so a diagonal pass can read kv_idx + c at
-  /// row kChunkRows - 1 for every diagonal.
-  int64_t diagonals() const { return lanes + kChunkRows - 1; }
+  /// row chunk_rows - 1 for every diagonal.
+  int64_t diagonals() const { return lanes + chunk_rows - 1; }
 
   /// Elements an instruction of shape `s` holds.
   int64_t extent(Shape s) const {
@@ -222,15 +234,15 @@ struct RowBuffers {
       case Shape::kScalar:
         return 1;
       case Shape::kRow:
-        return kChunkRows;
+        return chunk_rows;
       case Shape::kCol:
         return diagonals();
       case Shape::kDiag:
         return diagonals();
       case Shape::kFull:
-        return kChunkRows * lanes;
+        return chunk_rows * lanes;
       case Shape::kScore:
-        return kChunkRows * lanes;
+        return chunk_rows * lanes;
     }
     return 0;
   }
@@ -238,6 +250,7 @@ struct RowBuffers {
   const CompiledProgram* program;
   const std::vector<Captured>* captured;
   int64_t lanes;
+  int64_t chunk_rows = kFullChunkRows;  // query rows per chunk (kFullChunkRows or kMaxChunkRows)
   std::vector<Shape> shape;                     // per instruction
   std::vector<int32_t> chunk_code, score_code;  // instructions without / with kScore shape
   std::vector<uint8_t> q_affine, kv_affine;     // per instruction: q_idx / kv_idx + scalar
@@ -258,10 +271,10 @@ struct RowBuffers {
   // zero): they hold 0 and are reported only if a kernel consumes them, because chunks
   // cover keys and queries that the call's masks may exclude.
   bool any_bad = false, bad_scalar = false;
-  uint8_t bad_row[kChunkRows] = {};
+  uint8_t bad_row[kMaxChunkRows] = {};
   std::vector<uint8_t> bad_col;   // [diagonals()]
   std::vector<uint8_t> bad_diag;  // [diagonals()]
-  std::vector<uint8_t> bad_full;  // [kChunkRows, lanes]
+  std::vector<uint8_t> bad_full;  // [chunk_rows, lanes]
 
   // The last EvaluateRow's row in its chunk and score lanes (MaterializeLanes reads them).
   int64_t last_row = 0;
