@@ -156,7 +156,6 @@ SDPA_INLINE bool BandTileInRegisters(const AttentionParams& p, const FlashScratc
   return std::all_of(set.blocks_applied, set.blocks_applied + rows, [](bool b) { return b; });
 }
 
-
 // Starts a q-block: q packed (float32 times the scale, or bf16 bits unscaled), the state
 // reset, the rows' keys and the fused tiles' lanes.
 template <class Target>

@@ -74,23 +74,24 @@ SDPA_INLINE View<T> ViewOf(RowBuffers& buf, int32_t id, const Pass& pass) {
   if constexpr (std::is_same_v<T, float>) {
     if (buf.program->code[id].op == Op::kScore) return {pass.scores, pass.score_stride, true};
   }
-  const int64_t kLastRow = buf.chunk_rows - 1;
+  const int64_t chunk_last_row = buf.chunk_rows - 1;
   switch (pass.shape) {
     case Shape::kFull:
       if (s == Shape::kRow) return {base, 1, false};
       if (s == Shape::kFull) return {base, buf.lanes, true};
-      if (s == Shape::kDiag) return {base + kLastRow, -1, true};  // (r, j): j - r + kLastRow
+      if (s == Shape::kDiag)
+        return {base + chunk_last_row, -1, true};  // (r, j): j - r + chunk_last_row
       return {base, 0, s == Shape::kCol};
     case Shape::kScore:  // score-shaped values are stored from the pass's first row
       if (s == Shape::kRow) return {base + pass.row, 1, false};
       if (s == Shape::kFull) return {base + pass.row * buf.lanes, buf.lanes, true};
-      if (s == Shape::kDiag) return {base + kLastRow - pass.row, -1, true};
+      if (s == Shape::kDiag) return {base + chunk_last_row - pass.row, -1, true};
       if (s == Shape::kScore) return {base, buf.lanes, true};
       return {base, 0, s != Shape::kScalar};
     case Shape::kDiag:
-      // Diagonal u is read at row kLastRow, key lane u: a q_idx + c operand is its last
+      // Diagonal u is read at row chunk_last_row, key lane u: a q_idx + c operand is its last
       // row's value, a kv_idx + c operand its lane u (key lanes extend to diagonals()).
-      if (s == Shape::kRow) return {base + kLastRow, 0, false};
+      if (s == Shape::kRow) return {base + chunk_last_row, 0, false};
       return {base, 0, s != Shape::kScalar};
     default:  // scalar, row and column passes: operands are scalar or of the pass's shape
       return {base, 0, s != Shape::kScalar};
