@@ -39,3 +39,22 @@ def sdpa_kernel(backends: Any, set_priority: bool = False) -> Iterator[None]:
         yield
     finally:
         guard.exit()
+
+
+def current_restriction() -> "list | None":
+    """The calling thread's sdpa_kernel restriction (backends in the order they are tried),
+    or None without a guard. A forward records it for its backward: torch's autograd
+    engine runs the backward of CUDA tensors on its own threads, and a backward may run
+    after the guard's block has ended, yet it belongs to the forward's backends (as
+    torch's backward belongs to the kernel its forward chose)."""
+    return _C.active_backends() if _C.sdpa_kernel_active() else None
+
+
+@contextlib.contextmanager
+def restricted(backends: "list | None") -> Iterator[None]:
+    """Runs the block under a restriction current_restriction() returned (None: as is)."""
+    if backends is None:
+        yield
+        return
+    with sdpa_kernel(backends, set_priority=True):
+        yield

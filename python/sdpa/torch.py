@@ -35,7 +35,7 @@ from torch.utils import _python_dispatch
 
 from . import _C, _convert
 from ._api import AttentionOutput
-from ._kernel import sdpa_kernel
+from ._kernel import current_restriction, restricted, sdpa_kernel
 from .attention import bias as _bias
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_with_lse"]
@@ -92,18 +92,33 @@ _TORCH_BACKEND_SWITCHES = tuple(
     ) if hasattr(torch._C, getter))
 
 
-def _torch_guard():
-    """An sdpa_kernel guard for the backends torch's own guard (or torch.backends'
-    switches) leaves enabled, mapped by name; None where torch leaves every backend on or
-    an sdpa guard is active (sdpa's own guard wins). Raises sdpa.Error where torch turns
-    every backend off (torch: "No available kernel")."""
+def _torch_allowed() -> Optional[list]:
+    """The backends torch's own guard (or torch.backends' switches) leaves enabled, by
+    name; None where torch leaves every backend on or an sdpa guard is active (sdpa's own
+    guard wins). Raises sdpa.Error where torch turns every backend off (torch: "No
+    available kernel")."""
     allowed = [name for name, enabled in _TORCH_BACKEND_SWITCHES if enabled()]
     if len(allowed) == len(_TORCH_BACKEND_SWITCHES) or _C.sdpa_kernel_active():
         return None
     if not allowed:
         raise _C.Error("backends: torch.nn.attention.sdpa_kernel (or torch.backends) "
                        "disables every SDPA backend; expected at least one enabled")
-    return sdpa_kernel(allowed)
+    return allowed
+
+
+def _torch_guard():
+    """An sdpa_kernel guard for _torch_allowed(), or None."""
+    allowed = _torch_allowed()
+    return None if allowed is None else sdpa_kernel(allowed)
+
+
+def _forward_restriction() -> Optional[list]:
+    """The backends a forward may use in the order they are tried, recorded for its
+    backward (current_restriction): sdpa's guard, else torch's."""
+    allowed = _torch_allowed()
+    if allowed is None:
+        return current_restriction()
+    return [b for b in _C.default_priority_order() if _C.backend_name(b) in allowed]
 
 
 def _run(query, key, value, attn_mask, bias, dropout_p, is_causal, scale, enable_gqa,
@@ -187,6 +202,7 @@ def _setup_context(ctx, inputs, output):
     out, lse, info = output
     ctx.save_for_backward(query, key, value, attn_mask, out, lse, info)
     ctx.options = (bias, dropout_p, is_causal, scale, enable_gqa)
+    ctx.backends = _forward_restriction()
     ctx.mark_non_differentiable(lse, info)
 
 
@@ -211,9 +227,10 @@ def _backward(ctx, grad_out, grad_lse, grad_info):
         gq, gk, gv, gm = _second_order(query, key, value, attn_mask, bias, grad_out,
                                        (dropout_p, is_causal, scale, enable_gqa), mask_grad)
         return gq, gk, gv, gm, None, None, None, None, None, None, None
-    gq, gk, gv, gm = torch.ops.sdpa.attention_backward(
-        grad_out, query, key, value, out, lse, info, attn_mask, bias, dropout_p, is_causal,
-        scale, enable_gqa, mask_grad)
+    with restricted(ctx.backends):
+        gq, gk, gv, gm = torch.ops.sdpa.attention_backward(
+            grad_out, query, key, value, out, lse, info, attn_mask, bias, dropout_p, is_causal,
+            scale, enable_gqa, mask_grad)
     return gq, gk, gv, (gm if mask_grad else None), None, None, None, None, None, None, None
 
 
@@ -237,6 +254,7 @@ class _EagerAttention(torch.autograd.Function):
         ctx.save_for_backward(query, key, value, attn_mask, out, lse)
         ctx.options = (bias, dropout_p, is_causal, scale, enable_gqa,
                        drawn if dropout_p > 0 else None)
+        ctx.backends = _forward_restriction()
         ctx.mark_non_differentiable(lse)
         # The backward ignores grad_lse: skip the zeros autograd would make for it.
         ctx.set_materialize_grads(False)
@@ -263,9 +281,10 @@ class _EagerAttention(torch.autograd.Function):
         query, key, value, attn_mask, out, lse = ctx.saved_tensors
         bias, dropout_p, is_causal, scale, enable_gqa, state = ctx.options
         mask_grad = attn_mask is not None and ctx.needs_input_grad[3]
-        gq, gk, gv, gm = _run_backward(grad_out, query, key, value, out, lse, attn_mask, bias,
-                                       dropout_p, is_causal, scale, enable_gqa, state,
-                                       mask_grad)
+        with restricted(ctx.backends):
+            gq, gk, gv, gm = _run_backward(grad_out, query, key, value, out, lse, attn_mask,
+                                           bias, dropout_p, is_causal, scale, enable_gqa, state,
+                                           mask_grad)
         return gq, gk, gv, (gm if mask_grad else None), *(None,) * 8
 
 
@@ -482,6 +501,7 @@ class _FlexFunction(torch.autograd.Function):
                                         _convert.stream_handle(None, query))
         out, lse = torch.from_dlpack(out), torch.from_dlpack(lse)
         ctx.flex_args = flex_args
+        ctx.backends = _forward_restriction()
         _live_flex_contexts.add(ctx)
         ctx.captured_shapes = [t.shape for t in captured]
         ctx.save_for_backward(query, key, value, out, lse)
@@ -492,9 +512,10 @@ class _FlexFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_lse):
         program, block_mask, scale, enable_gqa, names = ctx.flex_args
         query, key, value, out, lse = ctx.saved_tensors
-        gq, gk, gv, captured = _C.flex_attention_backward(
-            grad_out.contiguous(), query.detach(), key.detach(), value.detach(), out, lse,
-            program, block_mask, scale, enable_gqa, _convert.stream_handle(None, query))
+        with restricted(ctx.backends):
+            gq, gk, gv, captured = _C.flex_attention_backward(
+                grad_out.contiguous(), query.detach(), key.detach(), value.detach(), out, lse,
+                program, block_mask, scale, enable_gqa, _convert.stream_handle(None, query))
         by_name = dict(zip(program.captured_names, captured)) if program is not None else {}
         # A 0-d tensor is captured as one element: its gradient takes the tensor's shape.
         grads = [None if by_name.get(n) is None
@@ -523,6 +544,7 @@ class _VarlenFunction(torch.autograd.Function):
         out, lse = torch.from_dlpack(out), torch.from_dlpack(lse)
         # The backward replays the forward's dropout mask from its state.
         ctx.varlen_args = (lengths, options, dropout_p, state)
+        ctx.backends = _forward_restriction()
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -531,9 +553,10 @@ class _VarlenFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_lse):
         lengths, options, dropout_p, state = ctx.varlen_args
         query, key, value, out, lse = ctx.saved_tensors
-        gq, gk, gv = _C.attention_varlen_backward(grad_out, query.detach(), key.detach(),
-                                                  value.detach(), out, lse, *lengths, *options,
-                                                  dropout_p, state)
+        with restricted(ctx.backends):
+            gq, gk, gv = _C.attention_varlen_backward(grad_out, query.detach(), key.detach(),
+                                                      value.detach(), out, lse, *lengths,
+                                                      *options, dropout_p, state)
         return (None, None, None, torch.from_dlpack(gq), torch.from_dlpack(gk),
                 torch.from_dlpack(gv))
 

@@ -3,6 +3,7 @@ switches restrict sdpa's torch entry points (mapped by backend name) unless an s
 is active."""
 
 import contextlib
+import threading
 
 import pytest
 
@@ -109,3 +110,71 @@ def test_every_torch_backend_off_is_an_error_naming_torch():
             sdpa.torch.scaled_dot_product_attention(q, k, v)
     finally:
         torch._C._set_sdp_use_overrideable(overrideable)
+
+
+def _record_guards(monkeypatch, name):
+    """The calling thread's sdpa_kernel restriction each time sdpa._C.<name> runs."""
+    seen = []
+    real = getattr(sdpa._C, name)
+
+    def recording(*args, **kwargs):
+        seen.append(sdpa._C.active_backends() if sdpa._C.sdpa_kernel_active() else None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sdpa._C, name, recording)
+    return seen
+
+
+def _backward_on_another_thread(loss):
+    # torch's autograd engine runs the backward of CUDA tensors on a thread of its own,
+    # where the forward's thread-local guard is not active.
+    failures = []
+
+    def run():
+        try:
+            loss.backward()
+        except Exception as err:  # noqa: BLE001 - re-raised on the test's thread
+            failures.append(err)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    if failures:
+        raise failures[0]
+
+
+def _forward(kind, q, k, v):
+    if kind == "op":
+        return torch.ops.sdpa.attention(q, k, v, None, None, 0.0, False, None, False, 0, -1)[0]
+    if kind == "eager":
+        return sdpa.torch.scaled_dot_product_attention(q, k, v)
+    return sdpa.flex.flex_attention(q, k, v, score_mod=sdpa.flex.mods.soft_cap(20.0))
+
+
+@pytest.mark.parametrize("kind", ["op", "eager", "flex"])
+def test_a_backward_runs_under_its_forwards_guard_on_any_thread(monkeypatch, kind):
+    seen = _record_guards(monkeypatch, "flex_attention_backward" if kind == "flex"
+                          else "torch_attention_backward")
+    q, k, v = _inputs(requires_grad=True)
+    with sdpa.sdpa_kernel([sdpa.SDPBackend.MATH, sdpa.SDPBackend.FLASH_ATTENTION],
+                          set_priority=True):
+        out = _forward(kind, q, k, v)
+    _backward_on_another_thread(out.sum())
+    assert seen == [[sdpa.SDPBackend.MATH, sdpa.SDPBackend.FLASH_ATTENTION]]
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+    # Without a guard the backward runs unrestricted.
+    seen.clear()
+    _forward(kind, q, k, v).sum().backward()
+    assert seen == [None]
+
+
+def test_a_backward_keeps_torchs_guard_of_its_forward(monkeypatch):
+    seen = _record_guards(monkeypatch, "torch_attention_backward")
+    q, k, v = _inputs(requires_grad=True)
+    with torch_sdpa_kernel([TorchBackend.FLASH_ATTENTION, TorchBackend.MATH]):
+        out = sdpa.torch.scaled_dot_product_attention(q, k, v)
+    out.sum().backward()
+    # In sdpa's default order, not the order torch's switches are listed in.
+    order = [b for b in sdpa._C.default_priority_order()
+             if b in (sdpa.SDPBackend.MATH, sdpa.SDPBackend.FLASH_ATTENTION)]
+    assert seen == [order]

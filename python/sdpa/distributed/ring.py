@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from .. import _C
 from .._api import scaled_dot_product_attention_backward, scaled_dot_product_attention_with_lse
-from .._kernel import sdpa_kernel
+from .._kernel import current_restriction, restricted, sdpa_kernel
 from ..serving import merge_attention_states
 from .layout import Segment, segments
 from .pieces import GlobalMask, global_mask, pieces
@@ -250,18 +250,20 @@ class _ContextParallelAttention(torch.autograd.Function):
             out = _all_gather_forward(ring, q, k, v)
             ctx.save_for_backward(q, k, v)
         ctx.ring = ring
+        ctx.backends = current_restriction()
         return out
 
     @staticmethod
     def backward(ctx, dout):
         ring = ctx.ring
         dout = dout.contiguous()
-        if ring.strategy == "ring":
-            q, k, v, out, lse = ctx.saved_tensors
-            dq, dk, dv = ring.ring_backward(dout, q, k, v, out, lse)
-        else:
-            q, k, v = ctx.saved_tensors
-            dq, dk, dv = _all_gather_backward(ring, dout, q, k, v)
+        with restricted(ctx.backends):
+            if ring.strategy == "ring":
+                q, k, v, out, lse = ctx.saved_tensors
+                dq, dk, dv = ring.ring_backward(dout, q, k, v, out, lse)
+            else:
+                q, k, v = ctx.saved_tensors
+                dq, dk, dv = _all_gather_backward(ring, dout, q, k, v)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
