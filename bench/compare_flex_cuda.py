@@ -20,7 +20,7 @@ Contenders on identical random inputs, forward and forward+backward:
   sdpa-plain    sdpa.scaled_dot_product_attention without a score_mod (the score_mod's
                 overhead on sdpa's default path is sdpa-plain time / sdpa-flex time)
   sdpa-flash    sdpa.flex.flex_attention on sdpa's own CUDA FLASH kernel compiled by
-                NVRTC with the programs (SDPA_CUDA_FLASH_FLEX=1), forward only
+                NVRTC with the programs, forward only
 
 Timing as bench/compare_torch_cuda.py (CUDA events, L2 flushed, median). sdpa's output is
 checked against torch-flex's first. Also times sdpa.flex.create_block_mask for a causal
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
@@ -216,9 +215,6 @@ def main() -> int:
         reason = sdpa.cuda.unavailable_reason() or "torch sees no CUDA device"
         print(f"compare_flex_cuda: skipped, no usable GPU ({reason})")
         return 0
-    # sdpa's CUDA FLASH kernel takes flex programs only with this switch until its tests
-    # have passed on a GPU (docs/cuda.md).
-    os.environ["SDPA_CUDA_FLASH_FLEX"] = "1"
     gpu = torch.cuda.get_device_name(0)
     print(f"GPU: {gpu}; {sdpa.cuda.device_description(0)}; torch {torch.__version__}; "
           f"sdpa {sdpa.__version__}; bfloat16, H={HEADS}, B*L={TOKENS}\n")

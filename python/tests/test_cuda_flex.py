@@ -122,12 +122,11 @@ def test_explain_names_cudnn_for_a_score_mod_and_the_reason_for_a_gather():
 
 @gpu
 @pytest.mark.parametrize("dtype", list(FORWARD_TOL), ids=str)
-def test_torch_block_masks_on_cuda_flash_match_float64(dtype, monkeypatch):
+def test_torch_block_masks_on_cuda_flash_match_float64(dtype):
     # sdpa's own CUDA FLASH kernel compiled by NVRTC with the mask_mod (and a score_mod),
     # its tiles skipped by the block lists of torch's create_block_mask.
     from torch.nn.attention.flex_attention import create_block_mask
 
-    monkeypatch.setenv("SDPA_CUDA_FLASH_FLEX", "1")
     L, S, E = 257, 300, 64
     doc = torch.arange(S) // 37
 

@@ -1,11 +1,10 @@
 // Flex score_mods and BlockMasks on CUDA FLASH (the kernel compiled by NVRTC with the
 // programs, cuda/flash/flex_unit.h) against the float64 CPU flex golden, with the
 // tolerance the naive CPU MATH run in the tested dtype sets. Every test needs a GPU of sm_80 or
-// newer and skips, with the reason, without one; SetUp enables the path (SDPA_CUDA_FLASH_FLEX=1),
-// which is off by default until these tests have passed on a GPU.
+// newer and skips, with the reason, without one.
 
 #include <cmath>
-#include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,9 +33,7 @@ class CudaFlashFlex : public ::testing::Test {
         GTEST_SKIP() << sdpa::cuda::nvrtc_load_error();
       }
     }
-    setenv("SDPA_CUDA_FLASH_FLEX", "1", 1);
   }
-  void TearDown() override { unsetenv("SDPA_CUDA_FLASH_FLEX"); }
 
   static void expect_matches_golden(const std::string& name, const std::optional<Program>& mod,
                                     const FlexCase& c,
@@ -190,15 +187,22 @@ TEST_F(CudaFlashFlex, AnOutOfRangeCapturedReadIsAnErrorNamingTheTensor) {
   EXPECT_NE(message.find("bias_row"), std::string::npos) << message;
 }
 
-TEST_F(CudaFlashFlex, WithoutTheSwitchTheCheckSaysWhy) {
+TEST_F(CudaFlashFlex, BlockMasksReachFlashByDefaultAndAttnMasksBesideAProgramAreRefused) {
   SDPA_GPU_BEHAVIOUR_ONLY();
-  unsetenv("SDPA_CUDA_FLASH_FLEX");
-  const Tensor q = to_gpu(randn({1, 2, 16, 64}, DType::kBFloat16, 47));
+  const Tensor q = to_gpu(randn({1, 2, 128, 64}, DType::kBFloat16, 47));
+  // cuDNN takes no BlockMask: the default order reaches FLASH, not MATH.
+  sdpa::AttentionParams p = sdpa::make_params(q, q, q, {});
+  p.mask.block_mask = std::make_shared<const sdpa::flex::BlockMask>(
+      sdpa::flex::create_block_mask(sdpa::flex::mods::causal(), 1, 1, 128, 128));
+  const sdpa::Explanation e = sdpa::explain(p);
+  EXPECT_EQ(e.chosen, SDPBackend::FLASH_ATTENTION) << e.to_string();
   sdpa::SDPAOptions o;
+  o.attn_mask = to_gpu(randn({128, 128}, DType::kBFloat16, 48));
   const Program mod = Program::from_score_mod(sdpa::flex::mods::soft_cap(2.0));
   sdpa::sdpa_kernel only(SDPBackend::FLASH_ATTENTION);
-  const std::string message = error_message([&] { sdpa::flex_attention(q, q, q, mod); });
-  EXPECT_NE(message.find("SDPA_CUDA_FLASH_FLEX=1"), std::string::npos) << message;
+  const std::string message =
+      error_message([&] { sdpa::flex_attention(q, q, q, mod, nullptr, o); });
+  EXPECT_NE(message.find("beside ALiBi or an attn_mask"), std::string::npos) << message;
 }
 
 }  // namespace

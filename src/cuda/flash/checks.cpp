@@ -1,7 +1,7 @@
 // What the CUDA FLASH kernels accept (flash.h): float16 / bfloat16 on sm_80+, head dims
 // multiples of 8 up to 256, rows 16-byte aligned with a contiguous last dimension, every
-// native mask part, flex score_mods and BlockMasks behind SDPA_CUDA_FLASH_FLEX=1
-// (flex_launch.cu); no paged or float8 caches, dropout or backward yet.
+// native mask part, flex score_mods and BlockMasks (flex_launch.cu); no paged or float8
+// caches, dropout or backward yet.
 
 #include <cuda_runtime_api.h>
 
@@ -83,11 +83,7 @@ bool flash_supports(const AttentionParams& p, Reasons& r) {
         "on 16-byte boundaries (strides multiples of 8 elements)");
   }
   if (p.mask.score_mod || p.mask.block_mask) {
-    if (!flex_flash_enabled()) {
-      refuse(
-          "flex: score_mods and BlockMasks in the CUDA FLASH kernels have not run on a GPU yet; "
-          "SDPA_CUDA_FLASH_FLEX=1 enables them (cuDNN serves most)");
-    } else if (!p.mask.alibi_slopes.empty() || p.mask.dense_kind != DenseMaskKind::kNone) {
+    if (!p.mask.alibi_slopes.empty() || p.mask.dense_kind != DenseMaskKind::kNone) {
       refuse(
           "flex: a score_mod or BlockMask beside ALiBi or an attn_mask does not run in the CUDA "
           "FLASH kernels");

@@ -22,10 +22,6 @@ constexpr int64_t flash_key_tile(int64_t head_dim) { return head_dim <= 128 ? 64
 /// read once per device.
 int compute_capability(int device);
 
-/// Whether flex programs (score_mods, BlockMasks) may run in the CUDA FLASH kernels:
-/// SDPA_CUDA_FLASH_FLEX=1, until the path has run on a GPU (docs/cuda.md).
-bool flex_flash_enabled();
-
 /// "" when flex units can be compiled here (NVRTC loads and the CUDA headers are found),
 /// else why not.
 std::string flex_flash_unavailable();

@@ -5,7 +5,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -144,11 +143,6 @@ void add_block_lists(const flex::BlockMask& m, flash::ForwardArgs& a, const Atte
 }
 
 }  // namespace
-
-bool flex_flash_enabled() {
-  const char* flag = std::getenv("SDPA_CUDA_FLASH_FLEX");
-  return flag != nullptr && std::strcmp(flag, "1") == 0;
-}
 
 std::string flex_flash_unavailable() {
   if (!nvrtc_load_error().empty()) return nvrtc_load_error();
