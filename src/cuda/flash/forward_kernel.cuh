@@ -83,6 +83,10 @@ struct ForwardTile {
   static constexpr int kRowTiles = 1;
   static constexpr int kRows = 4 * 16 * kRowTiles;         // query rows per block
   static constexpr int kKeys = kHeadDim <= 128 ? 64 : 32;  // keys per tile
+  /// Blocks per SM the registers of forward_kernel must allow (__launch_bounds__): at
+  /// E = 128 the compiler would otherwise take 226 registers, two blocks, where 168 keep
+  /// three. Flex units are not capped: captured reads spill under these caps.
+  static constexpr int kMinBlocks = kHeadDim <= 64 ? 4 : kHeadDim == 128 ? 3 : 1;
 };
 
 template <typename T, int kHeadDim>
@@ -92,16 +96,30 @@ __host__ __device__ constexpr size_t forward_smem_bytes() {
 }
 
 /// Queues the async load of rows [0, valid_rows) x columns [0, cols) of a tile of
-/// kTileRows rows starting at `base`; everything else in the tile becomes zero.
+/// kTileRows rows starting at `base`; everything else in the tile becomes zero. A thread
+/// copies the same 16-byte column chunk of every kStep-th row, so the loop unrolls into
+/// copies whose addresses differ by constants (the index arithmetic of a copy per thread
+/// and row was a third of the kernel's instructions at E = 128).
 template <typename T, int kHeadDim, int kTileRows>
 __device__ inline void load_tile(T* tile, const T* base, int64_t row_stride, int valid_rows,
                                  int cols) {
-  constexpr int kChunks = kHeadDim / 8;
-  for (int idx = threadIdx.x; idx < kTileRows * kChunks; idx += ForwardTile<kHeadDim>::kThreads) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    const bool valid = r < valid_rows && c * 8 < cols;
-    copy_16_async(tile + swizzled<kHeadDim>(r, c), valid ? base + r * row_stride + c * 8 : base,
-                  valid);
+  constexpr int kChunks = kHeadDim / 8, kThreads = ForwardTile<kHeadDim>::kThreads;
+  static_assert(kThreads % kChunks == 0, "whole rows per pass of the block's threads");
+  constexpr int kStep = kThreads / kChunks;  // rows one pass copies
+  static_assert(kTileRows % kStep == 0, "whole passes per tile");
+  const int r0 = static_cast<int>(threadIdx.x) / kChunks,
+            c = static_cast<int>(threadIdx.x) % kChunks;
+  const bool in_cols = c * 8 < cols;
+  const T* const src = base + r0 * row_stride + c * 8;
+  const int64_t step = kStep * row_stride;
+  // Unrolled but at E = 256, whose accumulators leave no registers for the copies'
+  // addresses (unrolled, it spills).
+  constexpr int kUnroll = kHeadDim == 256 ? 1 : kTileRows / kStep;
+#pragma unroll kUnroll
+  for (int n = 0; n < kTileRows / kStep; ++n) {
+    // An invalid copy reads 0 bytes (and zero-fills): its address is never dereferenced.
+    copy_16_async(tile + swizzled<kHeadDim>(r0 + n * kStep, c), src + n * step,
+                  in_cols && r0 + n * kStep < valid_rows);
   }
 }
 
@@ -390,7 +408,8 @@ __device__ __forceinline__ void forward_body(const ForwardArgs& a) {
 }
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(ForwardTile<kHeadDim>::kThreads)
+__global__ void __launch_bounds__(ForwardTile<kHeadDim>::kThreads,
+                                  ForwardTile<kHeadDim>::kMinBlocks)
     forward_kernel(const ForwardArgs a) {
   forward_body<T, kHeadDim, NoFlex>(a);
 }
