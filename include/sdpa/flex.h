@@ -200,9 +200,9 @@ struct BlockMask {
 
 /// Builds the BlockMask of `mask_mod` for [B, H, q_len, kv_len] with square blocks of
 /// `block_size` (FlexAttention's create_block_mask, Dong et al. 2024). Memory is
-/// O(number of blocks): each block is first classified by interval analysis of the
-/// program (decides causal, windows, prefix-LM and sorted document masks without touching
-/// elements) and only
+/// O(number of blocks): interval analysis of the program classifies whole regions of
+/// blocks (decides causal, windows, prefix-LM and sorted document masks without touching
+/// elements), halving the regions it cannot decide down to single blocks, and only
 /// undecided blocks are evaluated element by element. B or H of 1 broadcast when the
 /// program does not read b / h. Q_LEN or KV_LEN of 0 gives a BlockMask without blocks.
 /// Throws sdpa::Error (naming the argument) for B or H < 1, a negative length or

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/element_access.h"
 #include "flex/eval_scalar.h"
 
 namespace sdpa::flex {
@@ -12,9 +13,6 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr Interval kAll{-kInf, kInf};
 constexpr Interval kUnknownBool{0.0, 1.0};
-// Tensor regions larger than this are not scanned for their value range.
-constexpr int64_t kMaxScan = 1 << 16;
-
 Interval point(double v) { return {v, v}; }
 
 Interval hull(std::initializer_list<double> values) {
@@ -44,9 +42,9 @@ double margin(const Interval& a, const Interval& b, bool is_float) {
 Interval monotone(double (*f)(double), const Interval& a) { return hull({f(a.lo), f(a.hi)}); }
 
 // Value range of captured tensor `c` over the index box `box`, or kAll when the box can
-// leave the tensor (the elementwise evaluation will then report the bad index) or is too
-// large to scan.
-Interval read_range(const Captured& c, const std::vector<Interval>& box) {
+// leave the tensor (the elementwise evaluation will then report the bad index) or holds
+// more than `max_scan` elements.
+Interval read_range(const Captured& c, const std::vector<Interval>& box, int64_t max_scan) {
   const Tensor& t = c.tensor();
   // A device tensor's values are not read from the host: unbounded.
   if (t.device().type != DeviceType::kCPU) return kAll;
@@ -58,17 +56,30 @@ Interval read_range(const Captured& c, const std::vector<Interval>& box) {
     hi[d] = static_cast<int64_t>(box[d].hi);
     if (lo[d] < 0 || hi[d] >= t.size(static_cast<int64_t>(d))) return kAll;
     count *= hi[d] - lo[d] + 1;
-    if (count > kMaxScan) return kAll;
+    if (count > max_scan) return kAll;
   }
-  std::vector<int64_t> index = lo;
+  // The element offset follows the index as it advances (create_block_mask scans regions
+  // of several blocks).
+  std::vector<int64_t> index = lo, stride(box.size());
+  int64_t offset = 0;
+  for (size_t d = 0; d < box.size(); ++d) {
+    stride[d] = t.stride(static_cast<int64_t>(d));
+    offset += lo[d] * stride[d];
+  }
+  const void* data = t.data_ptr();
+  const DType dtype = t.dtype();
   double vmin = kInf, vmax = -kInf;
   for (int64_t n = 0; n < count; ++n) {
-    const double v = read_captured(c, index.data());
+    const double v = detail::load_element(data, dtype, offset);
     if (std::isnan(v)) return kAll;
     vmin = std::min(vmin, v);
     vmax = std::max(vmax, v);
     for (size_t d = box.size(); d-- > 0;) {
-      if (++index[d] <= hi[d]) break;
+      if (++index[d] <= hi[d]) {
+        offset += stride[d];
+        break;
+      }
+      offset -= (hi[d] - lo[d]) * stride[d];
       index[d] = lo[d];
     }
   }
@@ -78,7 +89,7 @@ Interval read_range(const Captured& c, const std::vector<Interval>& box) {
 }  // namespace
 
 BlockVerdict classify_block(const CompiledProgram& program, const std::vector<Captured>& captured,
-                            const IndexBlock& block, bool* reads_in_bounds) {
+                            const IndexBlock& block, bool* reads_in_bounds, int64_t max_scan) {
   std::vector<Interval> v(program.code.size());
   bool in_bounds = true;
   for (size_t k = 0; k < program.code.size(); ++k) {
@@ -104,7 +115,7 @@ BlockVerdict classify_block(const CompiledProgram& program, const std::vector<Ca
           in_bounds = in_bounds && box[d].lo >= 0.0 &&
                       box[d].hi < static_cast<double>(t.size(static_cast<int64_t>(d)));
         }
-        r = read_range(captured[in.slot], box);
+        r = read_range(captured[in.slot], box, max_scan);
         break;
       }
       case Op::kAdd: r = hull({A(0).lo + A(1).lo, A(0).hi + A(1).hi}); break;

@@ -33,8 +33,10 @@ struct IndexBlock {
 /// `reads_in_bounds`, when non-null, is set to whether every captured-tensor read of the
 /// program provably stays inside its tensor on the block (false when it may not: the
 /// caller must then evaluate the block's elements to find or rule out a bad read).
-/// Values read from captured tensors off the CPU are unbounded (never read from the host).
+/// Values read from captured tensors off the CPU are unbounded (never read from the host),
+/// as are reads of more than `max_scan` elements (their value range is not scanned).
 BlockVerdict classify_block(const CompiledProgram& program, const std::vector<Captured>& captured,
-                            const IndexBlock& block, bool* reads_in_bounds = nullptr);
+                            const IndexBlock& block, bool* reads_in_bounds = nullptr,
+                            int64_t max_scan = int64_t{1} << 16);
 
 }  // namespace sdpa::flex

@@ -156,10 +156,21 @@ struct NamedMask {
 };
 
 std::vector<NamedMask> standard_masks(int64_t L) {
-  std::vector<int64_t> ids;
+  std::vector<int64_t> ids, unsorted, pairs;
   for (int64_t i = 0; i < L; ++i) ids.push_back(i < 3 ? 0 : i < 40 ? 1 : i < 41 ? 2 : 3 + i / 50);
+  // Document ids that jump around, and a table of which (q / 16, kv / 16) pairs attend:
+  // interval analysis reads ranges of them over whole regions of blocks.
+  for (int64_t i = 0; i < L; ++i) unsorted.push_back((i / 9 * 7919) % 5);
+  const int64_t cells = L / 16 + 1;
+  for (int64_t i = 0; i < cells * cells; ++i) pairs.push_back((i * 2654435761u >> 7) % 3 == 0);
   const Tensor doc = int_tensor(ids);
+  const sdpa::flex::Captured table("pairs", int_tensor(pairs).view({cells, cells}));
   return {
+      {"unsorted document ids", mods::document(int_tensor(unsorted)), true},
+      {"table of block pairs",
+       [table](const Expr&, const Expr&, const Expr& q, const Expr& kv) {
+         return table[sdpa::flex::floor_div(q, 16)][sdpa::flex::floor_div(kv, 16)] != 0;
+       }},
       {"causal", mods::causal()},
       {"sliding_window(0)", mods::sliding_window(0)},
       {"sliding_window(5)", mods::sliding_window(5)},
