@@ -155,7 +155,9 @@ struct BackendVerdict {
   /// "materialized: ..." or empty when the call has none.
   std::string bias_handling;
   /// How this backend expresses the call, for backends that lower it (CUDNN_ATTENTION:
-  /// a flex score_mod as cuDNN pointwise nodes, or why it cannot); empty otherwise.
+  /// a flex score_mod as cuDNN pointwise nodes, or why it cannot), and how MATH and
+  /// FLASH_ATTENTION use a flex BlockMask (blocks skipped, or every score masked per
+  /// element); empty otherwise.
   std::string lowering;
 };
 

@@ -8,6 +8,7 @@
 #include "cuda/flash/flash.h"
 #include "cuda/math.h"
 #include "dispatch/backend_impl.h"
+#include "sdpa/flex.h"
 
 namespace sdpa::detail {
 namespace {
@@ -56,6 +57,29 @@ bool check_flash_cpu_mask_grad(const AttentionParams& p, Reasons& r) {
   return false;
 }
 
+// explain()'s account of a call's BlockMask: whether the backend skips blocks or masks
+// every score per element.
+std::string describe_math(const AttentionParams& p) {
+  if (!p.mask.block_mask) return "";
+  return "BlockMask: no block is skipped: every score is computed, then masked by its block "
+         "(empty: masked, full: kept, partial: the mask_mod per element)";
+}
+
+std::string describe_flash(const AttentionParams& p) {
+  const flex::BlockMask* m = p.mask.block_mask.get();
+  if (m == nullptr) return "";
+  int64_t partial = 0, full = 0;
+  const int64_t rows = m->batch * m->num_heads * m->num_q_blocks();
+  for (int64_t r = 0; r < rows; ++r) {
+    partial += m->kv_num_blocks.data<int32_t>()[r];
+    full += m->full_kv_num_blocks.data<int32_t>()[r];
+  }
+  return "BlockMask: key tiles in empty blocks are skipped, full blocks are kept without the "
+         "mask_mod, the mask_mod runs per element in partial blocks; " +
+         std::to_string(partial + full) + " of " + std::to_string(rows * m->num_kv_blocks()) +
+         " blocks computed, " + std::to_string(partial) + " partial";
+}
+
 constexpr NamedCheck kMathChecks[] = {{"device", check_math_device}};
 constexpr NamedCheck kFlashChecks[] = {{"device", check_flash_device},
                                        {"head_dim", check_flash_cpu_head_dim},
@@ -66,8 +90,8 @@ constexpr NamedCheck kFlashChecks[] = {{"device", check_flash_device},
 
 // MATH is the reference: it sees every bias as its dense materialize().
 const BackendImpl kMathBackend{
-    SDPBackend::MATH, kMathChecks, &cpu::math_forward,  &cpu::math_backward, false,
-    nullptr,          nullptr,     &cuda::math_forward, &cuda::math_backward};
+    SDPBackend::MATH, kMathChecks, &cpu::math_forward,  &cpu::math_backward,  false,
+    nullptr,          nullptr,     &cuda::math_forward, &cuda::math_backward, &describe_math};
 const BackendImpl kFlashBackend{SDPBackend::FLASH_ATTENTION,
                                 kFlashChecks,
                                 &cpu::flash_forward,
@@ -76,6 +100,7 @@ const BackendImpl kFlashBackend{SDPBackend::FLASH_ATTENTION,
                                 nullptr,
                                 nullptr,
                                 &cuda::flash_forward,
-                                nullptr};
+                                nullptr,
+                                &describe_flash};
 
 }  // namespace sdpa::detail

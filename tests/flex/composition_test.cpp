@@ -250,6 +250,15 @@ TEST(FlexComposition, ExplainShowsProgramAndBlockPicture) {
     EXPECT_NE(text.find(needle), std::string::npos) << "explain() lacks:\n" << needle << "\nin:\n" << text;
   }
   EXPECT_EQ(e.chosen, SDPBackend::FLASH_ATTENTION) << text;
+  // How each backend uses the blocks: 3 x 3 causal blocks per head, 3 of them partial.
+  for (const sdpa::BackendVerdict& v : e.verdicts) {
+    if (v.backend == SDPBackend::FLASH_ATTENTION) {
+      EXPECT_NE(v.lowering.find("key tiles in empty blocks are skipped"), std::string::npos) << text;
+      EXPECT_NE(v.lowering.find("6 of 9 blocks computed, 3 partial"), std::string::npos) << text;
+    } else if (v.backend == SDPBackend::MATH) {
+      EXPECT_NE(v.lowering.find("no block is skipped"), std::string::npos) << text;
+    }
+  }
 }
 
 // Compiled forms are shared by structure (captured shapes / dtypes), never by values:
