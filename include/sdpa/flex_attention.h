@@ -17,7 +17,9 @@ namespace sdpa {
 /// true (no block_mask: every element; empty blocks are never computed). `options`
 /// supplies scale, enable_gqa, dropout and an attn_mask (tensor or AttnBias) that composes
 /// with the program; is_causal adds the top-left causal band. Runs on FLASH (programs
-/// evaluated over SIMD vectors of a tile row) or MATH (float64 reference evaluation).
+/// evaluated over SIMD vectors of a tile row) or MATH (float64 reference evaluation); on
+/// CUDA tensors first on CUDNN_ATTENTION where cuDNN can express the call (score_mods of
+/// pointwise operations, BlockMasks whose mask_mod is a band: docs/cuda.md).
 /// Throws sdpa::Error for invalid inputs, a BlockMask of other sizes, or a program
 /// that reads a captured tensor out of range (naming the index and position).
 AttentionResult flex_attention(const Tensor& q, const Tensor& k, const Tensor& v,

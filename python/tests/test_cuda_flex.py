@@ -151,6 +151,38 @@ def test_torch_block_masks_on_cuda_flash_match_float64(dtype):
 
 
 @gpu
+@pytest.mark.parametrize("window", [None, 48])
+@pytest.mark.parametrize("score_mod", [None, _soft_cap], ids=["plain", "soft_cap"])
+def test_torch_block_masks_of_bands_run_on_cudnn_with_autograd(window, score_mod):
+    # A mask_mod that is a band of q_idx - kv_idx reaches cuDNN (its native band, or the
+    # score_mod subgraph beside a score_mod), torch's block lists checked to follow it.
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def band(b, h, q_idx, kv_idx):
+        keep = q_idx >= kv_idx
+        return keep if window is None else keep & (q_idx - kv_idx <= window)
+
+    L, S, E, dtype = 200, 257, 64, torch.bfloat16
+    torch_mask = create_block_mask(band, None, None, L, S, device="cuda", BLOCK_SIZE=(128, 64))
+    q = torch.randn(2, 4, L, E, device="cuda").to(dtype)
+    k, v = (torch.randn(2, 2, S, E, device="cuda").to(dtype) for _ in range(2))
+    grad_out = torch.randn(2, 4, L, E, device="cuda").to(dtype)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    with sdpa.sdpa_kernel(sdpa.SDPBackend.CUDNN_ATTENTION):
+        out = flex_attention(*leaves, score_mod=score_mod, block_mask=torch_mask,
+                             enable_gqa=True)
+        out.backward(grad_out)
+    cpu_mask = sdpa.flex.create_block_mask(band, None, None, L, S, BLOCK_SIZE=(128, 64))
+    cpu = [x.detach().cpu().double().requires_grad_() for x in (q, k, v)]
+    expected = flex_attention(*cpu, score_mod=score_mod, block_mask=cpu_mask, enable_gqa=True)
+    expected.backward(grad_out.cpu().double())
+    assert _error(out, expected.detach()) <= FORWARD_TOL[dtype]
+    scale = max(x.grad.abs().max().item() for x in cpu)
+    for name, leaf, ref in zip("qkv", leaves, cpu):
+        assert (leaf.grad.cpu().double() - ref.grad).abs().max().item() / scale <= GRAD_TOL[dtype], name
+
+
+@gpu
 def test_a_gather_score_mod_runs_on_cuda_math_with_autograd():
     # cuDNN's score_mod has no gather: MATH on CUDA interprets the program, forward and
     # backward, against the float64 CPU call.

@@ -5,6 +5,7 @@
 #include "cudnn/graph_key.h"
 
 #include "core/fnv.h"
+#include "cudnn/block_mask_band.h"
 #include "cudnn/native_score_mod.h"
 #include "cudnn/score_mod_graph.h"
 
@@ -52,6 +53,22 @@ bool lower_program(const AttentionParams& p, std::shared_ptr<const flex::Program
 bool lower_mask(const AttentionParams& p, GraphSpec& s, Reasons& r, ScoreModCall* score_mod) {
   const MaskDescriptor& m = p.mask;
   bool ok = true;
+  // A BlockMask's band (block_mask_band.h) joins the call's bands, or its score_mod.
+  std::optional<DiagonalBand> block_band;
+  std::vector<DiagonalBand> with_block_band;
+  if (m.block_mask) {
+    if (m.has_documents() || !m.kv_lengths.empty() || !m.alibi_slopes.empty()) {
+      r.add("flex: cuDNN takes a BlockMask without documents, padding or ALiBi beside it");
+      ok = false;
+    }
+    block_band = block_mask_band(p, r);
+    ok = block_band.has_value() && ok;
+    if (block_band && !m.score_mod && (block_band->left || block_band->right)) {
+      with_block_band = m.bands;
+      with_block_band.push_back(*block_band);
+    }
+  }
+  const std::vector<DiagonalBand>& bands = with_block_band.empty() ? m.bands : with_block_band;
   if (m.score_mod) {
     // cuDNN turns its own masks off under a score_mod and adds a bias after it, where
     // sdpa's score_mod reads the biased score.
@@ -61,11 +78,12 @@ bool lower_mask(const AttentionParams& p, GraphSpec& s, Reasons& r, ScoreModCall
             "padding, ALiBi or attn_mask beside it");
       ok = false;
     }
-    ok = lower_program(p, m.score_mod, false, s, r, score_mod) && ok;
-  }
-  if (m.block_mask) {
-    r.add("flex: a BlockMask is not lowered to cuDNN in this build");
-    ok = false;
+    if (block_band) {
+      ok = lower_program(p, banded_score_mod(m.score_mod, *block_band), false, s, r, score_mod) &&
+           ok;
+    } else {
+      ok = lower_program(p, m.score_mod, false, s, r, score_mod) && ok;
+    }
   }
   // ALiBi, key padding and documents (with the bands beside them) become a score_mod:
   // cuDNN's ALiBi fixes the slopes, and its padding and ragged layouts are not lowered.
@@ -84,11 +102,11 @@ bool lower_mask(const AttentionParams& p, GraphSpec& s, Reasons& r, ScoreModCall
     } else {
       ok = false;
     }
-  } else if (m.bands.size() > 1) {
-    r.add("mask: cuDNN takes one diagonal band, got ", std::to_string(m.bands.size()));
+  } else if (bands.size() > 1) {
+    r.add("mask: cuDNN takes one diagonal band, got ", std::to_string(bands.size()));
     ok = false;
-  } else if (m.bands.size() == 1) {
-    const DiagonalBand& b = m.bands[0];
+  } else if (bands.size() == 1) {
+    const DiagonalBand& b = bands[0];
     if (b.frame != BandFrame::kSequence) {
       r.add("mask: a band measured per document or in valid keys is not lowered to cuDNN");
       ok = false;

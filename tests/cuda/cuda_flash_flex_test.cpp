@@ -190,12 +190,18 @@ TEST_F(CudaFlashFlex, AnOutOfRangeCapturedReadIsAnErrorNamingTheTensor) {
 TEST_F(CudaFlashFlex, BlockMasksReachFlashByDefaultAndAttnMasksBesideAProgramAreRefused) {
   SDPA_GPU_BEHAVIOUR_ONLY();
   const Tensor q = to_gpu(randn({1, 2, 128, 64}, DType::kBFloat16, 47));
-  // cuDNN takes no BlockMask: the default order reaches FLASH, not MATH.
+  // cuDNN takes a BlockMask of a band only (its native band): a document mask's default
+  // order reaches FLASH, not MATH.
+  Tensor ids = Tensor::empty({128}, DType::kInt64);
+  for (int64_t i = 0; i < 128; ++i) ids.data<int64_t>()[i] = i / 40;
   sdpa::AttentionParams p = sdpa::make_params(q, q, q, {});
   p.mask.block_mask = std::make_shared<const sdpa::flex::BlockMask>(
-      sdpa::flex::create_block_mask(sdpa::flex::mods::causal(), 1, 1, 128, 128));
+      sdpa::flex::create_block_mask(sdpa::flex::mods::document(ids), 1, 1, 128, 128));
   const sdpa::Explanation e = sdpa::explain(p);
   EXPECT_EQ(e.chosen, SDPBackend::FLASH_ATTENTION) << e.to_string();
+  p.mask.block_mask = std::make_shared<const sdpa::flex::BlockMask>(
+      sdpa::flex::create_block_mask(sdpa::flex::mods::causal(), 1, 1, 128, 128));
+  EXPECT_EQ(sdpa::explain(p).chosen, SDPBackend::CUDNN_ATTENTION) << sdpa::explain(p).to_string();
   sdpa::SDPAOptions o;
   o.attn_mask = to_gpu(randn({128, 128}, DType::kBFloat16, 48));
   const Program mod = Program::from_score_mod(sdpa::flex::mods::soft_cap(2.0));

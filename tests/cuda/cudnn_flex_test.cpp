@@ -1,9 +1,12 @@
-// Flex score_mods on CUDNN_ATTENTION (lowered to cuDNN's score_mod subgraph, the backward
-// through the derived score_mod_bprop) against the float64 CPU flex golden, with the
-// tolerance the naive CPU MATH run in the tested dtype sets. Every test needs a GPU and
+// Flex score_mods and BlockMasks of bands on CUDNN_ATTENTION (lowered to cuDNN's score_mod
+// subgraph, the backward through the derived score_mod_bprop; a band natively) against the
+// float64 CPU flex golden, with the tolerance the naive CPU MATH run in the tested dtype
+// sets. Every test needs a GPU and
 // skips, with the reason, without one.
 
 #include <cmath>
+#include <optional>
+#include <utility>
 
 #include "sdpa/attn_bias.h"
 #include "sdpa/cuda.h"
@@ -239,6 +242,51 @@ TEST_F(CudnnFlex, ReTracedModsHitTheGraphCache) {
   EXPECT_GT(after.hits, before.hits);
   (void)sdpa::flex_attention(q, kv, kv, sdpa::flex::mods::soft_cap(9.0));  // another constant
   EXPECT_EQ(sdpa::cuda::cudnn_graph_cache_stats().misses, after.misses + 1);
+}
+
+// BlockMasks whose mask_mod is a band (causal, sliding window) run on cuDNN's native band,
+// or inside the score_mod subgraph beside a score_mod; odd sizes, GQA, L < S and (causal:
+// cuDNN's window needs L <= S) L > S.
+TEST_F(CudnnFlex, BlockMasksOfBandsMatchTheCpuGolden) {
+  using sdpa::flex::create_block_mask;
+  const std::optional<Program> no_mod;
+  const Program cap = Program::from_score_mod(sdpa::flex::mods::soft_cap(1.5));
+  for (const FlexCase& c : {FlexCase{2, 4, 2, 65, 129, 64, DType::kBFloat16},
+                            FlexCase{1, 4, 4, 200, 257, 128, DType::kFloat16},
+                            FlexCase{1, 2, 1, 150, 97, 64, DType::kBFloat16}}) {
+    for (const auto& [name, mask] :
+         {std::pair<const char*, Program>{"causal", Program::from_mask_mod(sdpa::flex::mods::causal())},
+          {"window 40", Program::from_mask_mod(sdpa::flex::mods::sliding_window(40))}}) {
+      if (std::string(name) != "causal" && c.q_len > c.kv_len) continue;
+      for (const std::optional<Program>& mod : {no_mod, std::optional<Program>(cap)}) {
+        SCOPED_TRACE(std::string(name) + (mod ? " soft-cap" : "") + " L" + std::to_string(c.q_len) +
+                     " S" + std::to_string(c.kv_len));
+        const sdpa::flex::BlockMask blocks = create_block_mask(mask, 1, 1, c.q_len, c.kv_len, 64);
+        const Shape qs{c.batch, c.heads_q, c.q_len, c.head_dim};
+        const Shape kvs{c.batch, c.heads_kv, c.kv_len, c.head_dim};
+        const Tensor q = randn(qs, c.dtype, 31), k = randn(kvs, c.dtype, 32);
+        const Tensor v = randn(kvs, c.dtype, 33), grad_out = randn(qs, c.dtype, 34);
+        sdpa::SDPAOptions o;
+        o.enable_gqa = c.heads_q != c.heads_kv;
+        const auto run = [&](SDPBackend backend, const Tensor& q_, const Tensor& k_,
+                             const Tensor& v_, const Tensor& g_) {
+          sdpa::sdpa_kernel only(backend);
+          FwdBwd r;
+          r.fwd = sdpa::flex_attention(q_, k_, v_, mod, &blocks, o);
+          r.grads = sdpa::flex_attention_backward(g_, q_, k_, v_, r.fwd.out, r.fwd.lse, mod,
+                                                  &blocks, o);
+          return r;
+        };
+        const FwdBwd golden = run(SDPBackend::MATH, f64(q), f64(k), f64(v), f64(grad_out));
+        const FwdBwd naive = run(SDPBackend::MATH, q, k, v, grad_out);
+        const auto gpu = [](const Tensor& t) { return sdpa::cuda::to_device(t, kCuda); };
+        FwdBwd tested = run(SDPBackend::CUDNN_ATTENTION, gpu(q), gpu(k), gpu(v), gpu(grad_out));
+        EXPECT_EQ(tested.fwd.backend, SDPBackend::CUDNN_ATTENTION);
+        EXPECT_EQ(tested.grads.backend, SDPBackend::CUDNN_ATTENTION);
+        expect_matches_golden(to_cpu(tested), golden, naive, c.dtype);
+      }
+    }
+  }
 }
 
 TEST_F(CudnnFlex, ProgramsCudnnCannotExpressAreRefusedByName) {

@@ -1,5 +1,5 @@
-// The CUDNN backend's lowering of calls with a flex score_mod (cudnn::lower with its
-// ScoreModGraph), checked without a GPU on CUDA tensor headers nothing dereferences:
+// The CUDNN backend's lowering of calls with a flex score_mod or BlockMask (cudnn::lower
+// with its ScoreModGraph), checked without a GPU on CUDA tensor headers nothing dereferences:
 // what is taken, what is refused with which reason, the derived backward program and the
 // graph-cache key.
 
@@ -309,6 +309,101 @@ TEST(ScoreModGraph, FrontendGraphsBuildForEveryLoweringRule) {
       EXPECT_TRUE(status.is_good()) << status.get_message();
     }
   }
+}
+
+// A call of FakeCall's sizes with a BlockMask of `mask_mod` (blocks of 16 x 16, broadcast
+// over batch and heads) and, when given, a score_mod.
+sdpa::AttentionParams block_mask_params(const sdpa::flex::MaskMod& mask_mod,
+                                        const sdpa::flex::ScoreMod* score_mod = nullptr,
+                                        int64_t q_len = 37) {
+  const Tensor q = FakeCall::tensor(q_len), kv = FakeCall::tensor(53);
+  sdpa::AttentionParams p = sdpa::make_params(q, kv, kv, {});
+  p.mask.block_mask = std::make_shared<const sdpa::flex::BlockMask>(
+      sdpa::flex::create_block_mask(Program::from_mask_mod(mask_mod), 1, 1, q_len, 53, 16));
+  if (score_mod != nullptr) {
+    p.mask.score_mod = std::make_shared<const Program>(Program::from_score_mod(*score_mod));
+  }
+  return p;
+}
+
+TEST(ScoreModGraph, ABlockMaskOfABandBecomesCudnnsBand) {
+  const Lowered causal = lower(block_mask_params(sdpa::flex::mods::causal()));
+  ASSERT_TRUE(causal.ok) << causal.why;
+  EXPECT_TRUE(causal.spec.has_band && !causal.spec.bottom_right && !causal.spec.has_left);
+  EXPECT_TRUE(causal.spec.has_right && causal.spec.right == 0);
+  EXPECT_FALSE(causal.spec.has_score_mod);
+  const Lowered window = lower(block_mask_params(sdpa::flex::mods::sliding_window(9)));
+  ASSERT_TRUE(window.ok) << window.why;
+  EXPECT_TRUE(window.spec.has_left && window.spec.left == 9 && window.spec.right == 0);
+  EXPECT_NE(sdpa::cudnn::describe(window.spec).find("band(top-left, left 9, right 0)"),
+            std::string::npos);
+  // Every key: no mask at all.
+  const Lowered all = lower(block_mask_params(sdpa::flex::noop_mask()));
+  ASSERT_TRUE(all.ok) << all.why;
+  EXPECT_FALSE(all.spec.has_band);
+}
+
+TEST(ScoreModGraph, ABlockMaskBesideAScoreModJoinsItsSubgraph) {
+  const sdpa::flex::ScoreMod cap = sdpa::flex::mods::soft_cap(30.0);
+  for (bool backward : {false, true}) {
+    sdpa::AttentionParams p = block_mask_params(sdpa::flex::mods::sliding_window(5), &cap);
+    if (backward) {
+      const sdpa::AttentionParams plain = FakeCall::params(cap, true);
+      p.backward = true;
+      p.out = plain.out;
+      p.grad_out = plain.grad_out;
+      p.lse = plain.lse;
+    }
+    const Lowered l = lower(p);
+    ASSERT_TRUE(l.ok) << l.why;
+    EXPECT_FALSE(l.spec.has_band);
+    ASSERT_TRUE(l.spec.has_score_mod);
+    // The band's two bounds, then where(band, capped score, -inf).
+    EXPECT_TRUE(has_op(l.graph->forward, PointwiseOp::kSelect)) << l.graph->forward.to_string();
+    EXPECT_TRUE(has_op(l.graph->forward, PointwiseOp::kTanh)) << l.graph->forward.to_string();
+    EXPECT_TRUE(has_op(l.graph->forward, PointwiseOp::kGe)) << l.graph->forward.to_string();
+    EXPECT_TRUE(has_op(l.graph->forward, PointwiseOp::kLe)) << l.graph->forward.to_string();
+    // The frontend's checks need cuDNN (not a GPU), as in FrontendGraphsBuildForEveryLoweringRule.
+    if (!sdpa::cudnn::cudnn_load_error().empty()) continue;
+    const auto graph = backward ? sdpa::cudnn::backward_graph(l.spec, l.graph, 90)
+                                : sdpa::cudnn::forward_graph(l.spec, l.graph, 90);
+    ASSERT_TRUE(graph->validate().is_good());
+    EXPECT_TRUE(graph->build_operation_graph(nullptr).is_good());
+  }
+  // Another band, another program: another graph.
+  const Lowered a = lower(block_mask_params(sdpa::flex::mods::sliding_window(5), &cap));
+  const Lowered b = lower(block_mask_params(sdpa::flex::mods::sliding_window(6), &cap));
+  EXPECT_NE(a.spec.score_mod_fingerprint, b.spec.score_mod_fingerprint);
+}
+
+TEST(ScoreModGraph, BlockMasksCudnnCannotRunAreRefusedWithTheReason) {
+  Tensor ids = Tensor::empty({53}, DType::kInt64);
+  for (int64_t i = 0; i < 53; ++i) ids.data<int64_t>()[i] = i / 10;
+  const Lowered documents = lower(block_mask_params(sdpa::flex::mods::document(ids)));
+  EXPECT_FALSE(documents.ok);
+  EXPECT_NE(documents.why.find("is not one"), std::string::npos) << documents.why;
+  // A band right of the diagonal leaves the first rows without keys.
+  const auto ahead = [](const Expr&, const Expr&, const Expr& q, const Expr& kv) {
+    return kv <= q - 2;
+  };
+  const Lowered empty_rows = lower(block_mask_params(ahead));
+  EXPECT_FALSE(empty_rows.ok);
+  EXPECT_NE(empty_rows.why.find("without keys"), std::string::npos) << empty_rows.why;
+  // A window that ends before the last queries (q_len > kv_len + window).
+  const Lowered past = lower(block_mask_params(sdpa::flex::mods::sliding_window(3), nullptr, 60));
+  EXPECT_FALSE(past.ok);
+  // Lists without a mask_mod.
+  sdpa::AttentionParams lists = block_mask_params(sdpa::flex::mods::causal());
+  sdpa::flex::BlockMask without = *lists.mask.block_mask;
+  without.mask_mod.reset();
+  lists.mask.block_mask = std::make_shared<const sdpa::flex::BlockMask>(without);
+  const Lowered bare = lower(lists);
+  EXPECT_FALSE(bare.ok);
+  EXPECT_NE(bare.why.find("only block lists"), std::string::npos) << bare.why;
+  // ALiBi beside a BlockMask.
+  sdpa::AttentionParams alibi = block_mask_params(sdpa::flex::mods::causal());
+  alibi.mask.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+  EXPECT_FALSE(lower(alibi).ok);
 }
 
 }  // namespace
