@@ -9,6 +9,7 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flash_check.h"
@@ -220,22 +221,27 @@ TEST(FlexBlockMask, StandardMasksMatchDenseEvaluation) {
   }
 }
 
+// Blocks of 16 over 300 keys classify in one thread's grain; blocks of 4 over 1000 also
+// fill their lists on several threads (250 x 250 blocks).
 TEST(FlexBlockMask, SameListsForAnyThreadCount) {
-  for (const NamedMask& m : standard_masks(300)) {
-    SCOPED_TRACE(m.name);
-    std::vector<std::vector<double>> lists;
-    for (int threads : {1, 2, 3}) {
-      OmpThreadsGuard guard(threads);
-      const BlockMask bm = sdpa::flex::create_block_mask(m.mod, 2, 3, 300, 300, 16);
-      lists.push_back(values(bm.kv_num_blocks));
-      for (const Tensor* t : {&bm.kv_indices, &bm.full_kv_num_blocks, &bm.full_kv_indices,
-                              &bm.q_num_blocks, &bm.q_indices, &bm.full_q_num_blocks, &bm.full_q_indices}) {
-        const std::vector<double> v = values(*t);
-        lists.back().insert(lists.back().end(), v.begin(), v.end());
+  for (const auto& [length, block] : {std::pair<int64_t, int64_t>{300, 16}, {1000, 4}}) {
+    for (const NamedMask& m : standard_masks(length)) {
+      SCOPED_TRACE(m.name + " L " + std::to_string(length));
+      std::vector<std::vector<double>> lists;
+      for (int threads : {1, 2, 3}) {
+        OmpThreadsGuard guard(threads);
+        const BlockMask bm = sdpa::flex::create_block_mask(m.mod, 2, 3, length, length, block);
+        lists.push_back(values(bm.kv_num_blocks));
+        for (const Tensor* t : {&bm.kv_indices, &bm.full_kv_num_blocks, &bm.full_kv_indices,
+                                &bm.q_num_blocks, &bm.q_indices, &bm.full_q_num_blocks,
+                                &bm.full_q_indices}) {
+          const std::vector<double> v = values(*t);
+          lists.back().insert(lists.back().end(), v.begin(), v.end());
+        }
       }
+      EXPECT_EQ(lists[0], lists[1]);
+      EXPECT_EQ(lists[0], lists[2]);
     }
-    EXPECT_EQ(lists[0], lists[1]);
-    EXPECT_EQ(lists[0], lists[2]);
   }
 }
 
