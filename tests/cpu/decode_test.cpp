@@ -40,28 +40,41 @@ void expect_thread_count_invariant(const Tensor& q, const Tensor& k, const Tenso
   EXPECT_EQ(std::memcmp(one.lse.data_ptr(), two.lse.data_ptr(), one.lse.numel() * 4), 0);
 }
 
-TEST(Decode, ChunkBoundariesGroupsAndDtypesMatchReference) {
-  const ScopedCapability reset;
+// check_case on every SIMD path, the inputs and their float64 reference built once (the
+// paths read the same inputs; building them took most of these tests' time). also(inputs)
+// runs after each path's check.
+template <class F>
+void check_on_every_capability(const Case& c, const F& also) {
+  const CaseInputs in = make_inputs(c);
   for (const std::string& capability : supported_capabilities()) {
     bcpu::set_cpu_capability(capability);
-    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
-      for (int64_t kv_len : {1, 63, 511, 512, 513, 1100, 2049}) {
-        Case c;
-        c.batch = 2;
-        c.heads_q = 8;
-        c.heads_kv = 2;  // 4 query heads per kv head
-        c.enable_gqa = true;
-        c.q_len = 1;
-        c.kv_len = kv_len;
-        c.head_dim = kv_len % 2 ? 80 : 128;
-        c.head_dim_v = kv_len % 2 ? 48 : 128;
-        // Key rows of another stride than head_dim (bf16 keys are read in place).
-        c.kv_layout = kv_len % 2 ? Layout::kBSHD : Layout::kBHSD;
-        c.dtype = dtype;
-        c.seed = static_cast<uint32_t>(kv_len * 7 + static_cast<int>(dtype));
-        SCOPED_TRACE(capability);
-        expect_flash_ran(c, check_case(c));
-      }
+    SCOPED_TRACE(capability);
+    expect_flash_ran(c, check_inputs(in, c.dtype, c.unbatched, c.describe()));
+    also(in);
+  }
+}
+void check_on_every_capability(const Case& c) {
+  check_on_every_capability(c, [](const CaseInputs&) {});
+}
+
+TEST(Decode, ChunkBoundariesGroupsAndDtypesMatchReference) {
+  const ScopedCapability reset;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    for (int64_t kv_len : {1, 63, 511, 512, 513, 1100, 2049}) {
+      Case c;
+      c.batch = 2;
+      c.heads_q = 8;
+      c.heads_kv = 2;  // 4 query heads per kv head
+      c.enable_gqa = true;
+      c.q_len = 1;
+      c.kv_len = kv_len;
+      c.head_dim = kv_len % 2 ? 80 : 128;
+      c.head_dim_v = kv_len % 2 ? 48 : 128;
+      // Key rows of another stride than head_dim (bf16 keys are read in place).
+      c.kv_layout = kv_len % 2 ? Layout::kBSHD : Layout::kBHSD;
+      c.dtype = dtype;
+      c.seed = static_cast<uint32_t>(kv_len * 7 + static_cast<int>(dtype));
+      check_on_every_capability(c);
     }
   }
 }
@@ -80,27 +93,23 @@ TEST(Decode, RowsInPlaceOddHeadDimsAndRowCounts) {
   const Shape shapes[] = {{3, 3, 1, 67, 33, Layout::kBHSD}, {6, 1, 1, 24, 200, Layout::kSliceD},
                           {7, 1, 1, 1, 17, Layout::kBSHD},  {8, 2, 2, 128, 128, Layout::kSliceD},
                           {5, 1, 1, 64, 96, Layout::kBSHD}, {4, 2, 3, 33, 67, Layout::kStridedD}};
-  for (const std::string& capability : supported_capabilities()) {
-    bcpu::set_cpu_capability(capability);
-    for (const Shape& s : shapes) {
-      for (int64_t kv_len : {7, 700, 1029}) {
-        for (DType dtype : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
-          Case c;
-          c.batch = 2;
-          c.heads_q = s.heads_q;
-          c.heads_kv = s.heads_kv;
-          c.enable_gqa = s.heads_q != s.heads_kv;
-          c.q_len = s.q_len;
-          c.kv_len = kv_len;
-          c.causal = s.q_len > 1;
-          c.head_dim = s.head_dim;
-          c.head_dim_v = s.head_dim_v;
-          c.kv_layout = s.kv_layout;
-          c.dtype = dtype;
-          c.seed = static_cast<uint32_t>(kv_len * 13 + s.head_dim);
-          SCOPED_TRACE(capability);
-          expect_flash_ran(c, check_case(c));
-        }
+  for (const Shape& s : shapes) {
+    for (int64_t kv_len : {7, 700, 1029}) {
+      for (DType dtype : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+        Case c;
+        c.batch = 2;
+        c.heads_q = s.heads_q;
+        c.heads_kv = s.heads_kv;
+        c.enable_gqa = s.heads_q != s.heads_kv;
+        c.q_len = s.q_len;
+        c.kv_len = kv_len;
+        c.causal = s.q_len > 1;
+        c.head_dim = s.head_dim;
+        c.head_dim_v = s.head_dim_v;
+        c.kv_layout = s.kv_layout;
+        c.dtype = dtype;
+        c.seed = static_cast<uint32_t>(kv_len * 13 + s.head_dim);
+        check_on_every_capability(c);
       }
     }
   }
@@ -153,36 +162,32 @@ TEST(Decode, HeadBlocksStageKeyTilesAndMatchReference) {
   EXPECT_EQ(heads_per_item(8, 128, DType::kBFloat16, Layout::kBHSD), 1);
 
   const ScopedCapability reset;
-  for (const std::string& capability : supported_capabilities()) {
-    bcpu::set_cpu_capability(capability);
-    SCOPED_TRACE(capability);
-    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
-      Case c;
-      c.batch = 2;
-      c.heads_q = 15;
-      c.heads_kv = 5;
-      c.enable_gqa = true;
-      c.q_len = 2;
-      c.kv_len = 1100;
-      c.head_dim = 200;
-      c.head_dim_v = 136;
-      c.causal = true;
-      c.kv_layout = Layout::kBSHD;
-      c.dtype = dtype;
-      c.seed = 11 + static_cast<uint32_t>(dtype);
-      expect_flash_ran(c, check_case(c));
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    Case c;
+    c.batch = 2;
+    c.heads_q = 15;
+    c.heads_kv = 5;
+    c.enable_gqa = true;
+    c.q_len = 2;
+    c.kv_len = 1100;
+    c.head_dim = 200;
+    c.head_dim_v = 136;
+    c.causal = true;
+    c.kv_layout = Layout::kBSHD;
+    c.dtype = dtype;
+    c.seed = 11 + static_cast<uint32_t>(dtype);
+    check_on_every_capability(c);
 
-      Case masked = c;
-      masked.heads_q = 8;
-      masked.heads_kv = 8;
-      masked.head_dim = masked.head_dim_v = 40;
-      masked.kv_len = 577;
-      masked.causal = false;
-      masked.mask = dtype == DType::kFloat32 ? MaskKind::kFloat : MaskKind::kBool;
-      masked.mask_shape = {1, 8, 2, masked.kv_len};
-      masked.masked_rows = {1};
-      expect_flash_ran(masked, check_case(masked));
-    }
+    Case masked = c;
+    masked.heads_q = 8;
+    masked.heads_kv = 8;
+    masked.head_dim = masked.head_dim_v = 40;
+    masked.kv_len = 577;
+    masked.causal = false;
+    masked.mask = dtype == DType::kFloat32 ? MaskKind::kFloat : MaskKind::kBool;
+    masked.mask_shape = {1, 8, 2, masked.kv_len};
+    masked.masked_rows = {1};
+    check_on_every_capability(masked);
   }
 }
 
@@ -241,21 +246,18 @@ TEST(Decode, LongerChunksMatchReferenceAndAreThreadCountInvariant) {
     c.kv_len = kv_len;
     c.head_dim = 72;
     c.head_dim_v = 40;
-    std::mt19937 rng(static_cast<uint32_t>(kv_len));
-    const Tensor q = random_tensor({2, 16, 1, 72}, DType::kBFloat16, Layout::kBHSD, rng);
-    const Tensor k = random_tensor({2, 8, kv_len, 72}, DType::kBFloat16, Layout::kBHSD, rng);
-    const Tensor v = random_tensor({2, 8, kv_len, 40}, DType::kBFloat16, Layout::kBHSD, rng);
+    c.dtype = DType::kBFloat16;
+    c.seed = static_cast<uint32_t>(kv_len);
+    // The chunk length depends on the shapes only.
     SDPAOptions options;
     options.enable_gqa = true;
+    const Tensor q = Tensor::empty({2, 16, 1, 72}, DType::kBFloat16);
+    const Tensor k = Tensor::empty({2, 8, kv_len, 72}, DType::kBFloat16);
+    const Tensor v = Tensor::empty({2, 8, kv_len, 40}, DType::kBFloat16);
     EXPECT_EQ(cpu::decode_chunk_len(make_params(q, k, v, options)), chunk_len);
-    for (const std::string& capability : supported_capabilities()) {
-      bcpu::set_cpu_capability(capability);
-      SCOPED_TRACE(capability);
-      c.dtype = DType::kBFloat16;
-      c.seed = static_cast<uint32_t>(kv_len);
-      expect_flash_ran(c, check_case(c));
-      expect_thread_count_invariant(q, k, v, options);
-    }
+    check_on_every_capability(c, [](const CaseInputs& in) {
+      expect_thread_count_invariant(in.q, in.k, in.v, in.options);
+    });
   }
 }
 
