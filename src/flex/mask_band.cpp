@@ -19,8 +19,10 @@ struct Affine {
   int64_t a = 0, c = 0, k = 0;
 };
 
-// Constants beyond this are not folded: sums of two stay far from int64's range.
+// Constants and coefficients beyond these are not folded (the value becomes unknown):
+// sums and products of two stay far from int64's range.
 constexpr double kMaxConstant = 4.0e15;
+constexpr int64_t kMaxCoefficient = int64_t{1} << 20;
 
 // The set of d = q_idx - kv_idx a bool keeps: the integers in [lo, hi] (an absent bound is
 // unbounded), none (`empty`), or unknown.
@@ -103,18 +105,27 @@ DSet compare(Op op, const Affine& diff) {
   }
 }
 
+// An affine value within the folding bounds, else unknown.
+Affine bounded(int64_t a, int64_t c, int64_t k) {
+  if (std::abs(a) > kMaxCoefficient || std::abs(c) > kMaxCoefficient ||
+      std::abs(static_cast<double>(k)) > kMaxConstant) {
+    return {};
+  }
+  return {true, a, c, k};
+}
+
 Affine combine(const Affine& x, const Affine& y, int64_t sign) {
   if (!x.known || !y.known) return {};
-  const int64_t k = x.k + sign * y.k;
-  if (std::abs(static_cast<double>(k)) > kMaxConstant) return {};
-  return {true, x.a + sign * y.a, x.c + sign * y.c, k};
+  return bounded(x.a + sign * y.a, x.c + sign * y.c, x.k + sign * y.k);
 }
 
 Affine scaled(const Affine& x, const Affine& factor) {
   if (!x.known || !factor.known || factor.a != 0 || factor.c != 0) return {};
-  const double k = static_cast<double>(x.k) * static_cast<double>(factor.k);
-  if (std::abs(k) > kMaxConstant || std::abs(static_cast<double>(factor.k)) > 1024) return {};
-  return {true, x.a * factor.k, x.c * factor.k, x.k * factor.k};
+  if (std::abs(factor.k) > kMaxCoefficient ||
+      std::abs(static_cast<double>(x.k) * static_cast<double>(factor.k)) > kMaxConstant) {
+    return {};
+  }
+  return bounded(x.a * factor.k, x.c * factor.k, x.k * factor.k);
 }
 
 }  // namespace
