@@ -406,5 +406,29 @@ TEST(ScoreModGraph, BlockMasksCudnnCannotRunAreRefusedWithTheReason) {
   EXPECT_FALSE(lower(alibi).ok);
 }
 
+// The verdict on a BlockMask is reused within a call (block_mask_band's thread-local last
+// answer): asked again, a refused BlockMask still gives its reason, and a new BlockMask,
+// even one made where a freed one lived, gets a verdict of its own.
+TEST(ScoreModGraph, TheBlockMaskVerdictBelongsToItsBlockMask) {
+  sdpa::AttentionParams wrong_lists = block_mask_params(sdpa::flex::mods::causal());
+  sdpa::flex::BlockMask windowed = *wrong_lists.mask.block_mask;
+  windowed.mask_mod = Program::from_mask_mod(sdpa::flex::mods::sliding_window(5));
+  wrong_lists.mask.block_mask = std::make_shared<const sdpa::flex::BlockMask>(windowed);
+  for (int ask = 0; ask < 2; ++ask) {
+    const Lowered refused = lower(wrong_lists);
+    EXPECT_FALSE(refused.ok);
+    EXPECT_NE(refused.why.find("do not follow"), std::string::npos) << refused.why;
+  }
+  for (int round = 0; round < 4; ++round) {
+    const bool causal = round % 2 == 0;
+    const Lowered l = lower(causal ? block_mask_params(sdpa::flex::mods::causal())
+                                   : block_mask_params(sdpa::flex::mods::sliding_window(9)));
+    ASSERT_TRUE(l.ok) << l.why;
+    EXPECT_EQ(l.spec.has_left, !causal);
+    EXPECT_EQ(l.spec.left, causal ? 0 : 9);
+  }
+  EXPECT_FALSE(lower(wrong_lists).ok);
+}
+
 }  // namespace
 }  // namespace sdpa_test
