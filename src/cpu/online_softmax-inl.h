@@ -235,19 +235,18 @@ SDPA_INLINE void FinishRows(const SoftmaxRows& state, int64_t rows, const RowVie
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = r0 + i;
       float* o = state.o + r * state.o_stride;
-      // As finalize(): l = 0 is a row without a visible key; a NaN l stays NaN.
-      const bool masked = state.l[r] <= 0.0f;
-      if (masked) {
+      // Highway's Log does not propagate NaN: rows with a NaN or infinite m or l (NaN
+      // inputs, overflowing score_mods, rows without a visible key) take libm's.
+      const bool finite = std::isfinite(state.l[r]) && std::isfinite(state.m[r]);
+      const RowFinish<float> end =
+          finite ? finalize_with_lse(state.l[r], static_cast<float>(logsumexp[i]))
+                 : finalize(state.m[r], state.l[r]);
+      if (end.masked) {
         std::fill(o, o + state.o_stride, 0.0f);
       } else {
-        ScaleRow(o, state.o_stride, 1.0f / state.l[r]);
+        ScaleRow(o, state.o_stride, end.inv_l);
       }
-      // Highway's Log does not propagate NaN: rows with a NaN or infinite m or l (NaN
-      // inputs, overflowing score_mods) take libm's.
-      const bool finite = std::isfinite(state.l[r]) && std::isfinite(state.m[r]);
-      lse[r] = masked   ? kMaskedLse<float>
-               : finite ? static_cast<float>(logsumexp[i])
-                        : state.m[r] + std::log(state.l[r]);
+      lse[r] = end.lse;
       out_rows.store(i0 + r, o);
     }
   }

@@ -54,9 +54,19 @@ struct RowFinish {
 /// key) is a fully masked row, whose o is not read (0 * an infinite value would be NaN);
 /// a NaN l keeps the row NaN.
 template <class T>
+inline RowFinish<T> finalize_with_lse(T l, T lse);
+
+template <class T>
 inline RowFinish<T> finalize(T m, T l) {
+  return finalize_with_lse(l, m + std::log(l));
+}
+
+/// finalize(m, l) with the lse m + log(l) computed by the caller (vector logs for a block
+/// of rows); the lse is not read for a fully masked row.
+template <class T>
+inline RowFinish<T> finalize_with_lse(T l, T lse) {
   if (l <= T(0)) return {true, T(0), kMaskedLse<T>};
-  return {false, T(1) / l, m + std::log(l)};
+  return {false, T(1) / l, lse};
 }
 
 /// Whether a partial state (a split-KV chunk, one side of merge_attention_states) with
