@@ -3,18 +3,21 @@
 against one process running the whole sequence on N threads (issue 26's overhead, target
 ring / single <= 1.15), and the bytes each rank sent against the ring's formula.
 
-    python bench/context_parallel.py [--ranks 2] [--seq-lens 16384,32768] [--repeats 3]
+    python bench/context_parallel.py [--ranks 2] [--seq-lens 16384,32768] [--repeats 5]
                                      [--json out.json]
 
 Causal attention over the zigzag layout (every rank the same work), B=1, Hq=Hkv=4,
-E=64, float32; the forward at every length and forward + backward at the first. Each
-rank process builds the same global tensors and times its calls between barriers, a
-call's time being the slowest rank's. The single process runs first, then the ranks.
+E=64, float32; the forward at every length and forward + backward at the first. The
+rank processes stay up and wait on their stdin while this process times a single call;
+then it asks them for the same case, which they time between barriers, a call's time
+being the slowest rank's. Single and ring calls alternate, so a noisy neighbour slows
+both sides of a round: ring / single is the median of the rounds' ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -53,39 +56,52 @@ def cpu_model() -> str:
     return "unknown"
 
 
-def timed(fn, repeats: int, sync=lambda: None) -> float:
-    times = []
-    for _ in range(repeats + 1):  # one warm-up
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:]) * 1e3
+def timed_once(fn, sync=lambda: None) -> float:
+    """One call's milliseconds, after a pause that lets the other side's threads sleep."""
+    time.sleep(0.05)
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - start) * 1e3
 
 
-def single_process(lengths, repeats, threads):
+def cases(lengths):
+    """The timed cases in order: (key, length, with backward)."""
+    out = []
+    for i, total in enumerate(lengths):
+        out.append((f"fwd_{total}", total, False))
+        if i == 0:
+            out.append((f"fwd_bwd_{total}", total, True))
+    return out
+
+
+def single_calls(lengths, threads):
+    """key -> the whole sequence's call in this process, on `threads` threads."""
     import sdpa
     import sdpa.torch as st
 
     torch.set_num_threads(threads)
     sdpa.set_num_threads(threads)
-    out = {}
-    for i, total in enumerate(lengths):
+
+    def call(q, k, v, backward):
+        if not backward:
+            sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return
+        st.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    calls = {}
+    for key, total, backward in cases(lengths):
         q, k, v = inputs(total)
-        out[f"fwd_{total}"] = timed(
-            lambda: sdpa.scaled_dot_product_attention(q, k, v, is_causal=True), repeats)
-        if i == 0:
-            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-
-            def fwd_bwd():
-                st.scaled_dot_product_attention(qg, kg, vg, is_causal=True).sum().backward()
-
-            out[f"fwd_bwd_{total}"] = timed(fwd_bwd, repeats)
-    return out
+        if backward:
+            q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+        calls[key] = functools.partial(call, q, k, v, backward)
+    return calls
 
 
-def rank_main(rank, ranks, port, lengths, repeats):
+def rank_main(rank, ranks, port, lengths):
+    """Serves the parent: each stdin line names a case, timed once (rank 0 prints the
+    slowest rank's ms and the bytes it sent); an empty line ends."""
     import torch.distributed as dist
 
     import sdpa
@@ -95,71 +111,96 @@ def rank_main(rank, ranks, port, lengths, repeats):
     sdpa.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=ranks, timeout=timedelta(seconds=600))
-    out = {}
 
-    def slowest(ms):
-        t = torch.tensor([ms], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t)
+    def call(q, k, v, backward):
+        out = cp.context_parallel_attention(q, k, v, is_causal=True, layout="zigzag")
+        if backward:
+            out.sum().backward()
 
-    for i, total in enumerate(lengths):
+    calls = {}
+    for key, total, backward in cases(lengths):
         q, k, v = (cp.shard(t, "zigzag", ranks, rank) for t in inputs(total))
+        if backward:
+            q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+        calls[key] = functools.partial(call, q, k, v, backward)
+    while key := sys.stdin.readline().strip():
         cp.reset_bytes_sent()
-        call = lambda: cp.context_parallel_attention(q, k, v, is_causal=True, layout="zigzag")
-        out[f"fwd_{total}"] = slowest(timed(call, repeats, dist.barrier))
-        out[f"fwd_sent_{total}"] = cp.bytes_sent() / (repeats + 1)
-        if i == 0:
-            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-
-            def fwd_bwd():
-                cp.context_parallel_attention(qg, kg, vg, is_causal=True,
-                                              layout="zigzag").sum().backward()
-
-            cp.reset_bytes_sent()
-            out[f"fwd_bwd_{total}"] = slowest(timed(fwd_bwd, repeats, dist.barrier))
-            out[f"fwd_bwd_sent_{total}"] = cp.bytes_sent() / (repeats + 1)
+        t = torch.tensor([timed_once(calls[key], dist.barrier)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            print(json.dumps({"ms": float(t), "sent": cp.bytes_sent()}), flush=True)
     dist.destroy_process_group()
-    if rank == 0:
-        print(json.dumps(out))
+
+
+def start_ranks(args):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port),
+                              "--ranks", str(args.ranks), "--seq-lens", args.seq_lens],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            for r in range(args.ranks)]
+
+
+def ring_call(procs, key):
+    """Has the ranks time case `key` once: rank 0's {"ms", "sent"}."""
+    for p in procs:
+        p.stdin.write(key + "\n")
+        p.stdin.flush()
+    line = procs[0].stdout.readline()
+    if not line:
+        sys.exit("a rank failed")
+    return json.loads(line)
+
+
+def measure(args, lengths):
+    """Rows of alternating single and ring calls: a warm-up round, then `repeats`."""
+    calls = single_calls(lengths, args.ranks)
+    procs = start_ranks(args)
+    rounds = {key: [] for key in calls}
+    try:
+        for round_index in range(args.repeats + 1):
+            for key in calls:
+                single_ms = timed_once(calls[key])
+                ring = ring_call(procs, key)
+                if round_index > 0:
+                    rounds[key].append((single_ms, ring["ms"], ring["sent"]))
+    finally:
+        for p in procs:
+            try:
+                p.stdin.write("\n")
+                p.stdin.close()
+            except BrokenPipeError:  # a rank that failed has gone
+                pass
+        for p in procs:
+            p.wait()
+    rows = []
+    for key, total, backward in cases(lengths):
+        single, ring, sent = zip(*rounds[key])
+        rows.append({"pass": "forward + backward" if backward else "forward",
+                     "seq_len": total, "single_ms": statistics.median(single),
+                     "ring_ms": statistics.median(ring),
+                     "ring_over_single": statistics.median(r / s for s, r in zip(single, ring)),
+                     "sent_bytes": statistics.median(sent),
+                     "formula_bytes": formula_bytes(total, args.ranks, backward)})
+    return rows
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--seq-lens", default="16384,32768")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", help="also write the results as JSON")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     lengths = [int(x) for x in args.seq_lens.split(",")]
     if args.rank is not None:
-        return rank_main(args.rank, args.ranks, args.port, lengths, args.repeats)
+        return rank_main(args.rank, args.ranks, args.port, lengths)
 
-    single = single_process(lengths, args.repeats, args.ranks)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port),
-                               "--ranks", str(args.ranks), "--seq-lens", args.seq_lens,
-                               "--repeats", str(args.repeats)],
-                              stdout=subprocess.PIPE, text=True, env=env)
-             for r in range(args.ranks)]
-    texts = [p.communicate()[0] for p in procs]
-    if any(p.returncode != 0 for p in procs):
-        sys.exit("a rank failed")
-    ring = json.loads(texts[0].strip().splitlines()[-1])
-
-    rows = []
-    for i, total in enumerate(lengths):
-        for kind in (["fwd", "fwd_bwd"] if i == 0 else ["fwd"]):
-            key = f"{kind}_{total}"
-            sent = ring[f"{kind}_sent_{total}"]
-            rows.append({"pass": "forward" if kind == "fwd" else "forward + backward",
-                         "seq_len": total, "single_ms": single[key], "ring_ms": ring[key],
-                         "ring_over_single": ring[key] / single[key], "sent_bytes": sent,
-                         "formula_bytes": formula_bytes(total, args.ranks, kind == "fwd_bwd")})
+    rows = measure(args, lengths)
     print(f"causal zigzag ring, {args.ranks} ranks x 1 thread vs 1 process x {args.ranks} "
           f"threads, B={BATCH} H={HEADS} E={HEAD_DIM} float32")
     for r in rows:
@@ -176,7 +217,8 @@ def main():
                         "threads": args.ranks},
                "config": {"ranks": args.ranks, "batch": BATCH, "heads": HEADS,
                           "head_dim": HEAD_DIM, "dtype": "float32", "layout": "zigzag",
-                          "causal": True, "repeats": args.repeats, "torch": torch.__version__},
+                          "causal": True, "repeats": args.repeats, "interleaved": True,
+                          "torch": torch.__version__},
                "results": rows}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

@@ -34,6 +34,7 @@ class RenderBenchmarks(unittest.TestCase):
         self.assertIn("| FLASH_ATTENTION | 1.000 | 2.0 | 1.0 MiB | 4.0x |", page)
         self.assertIn("| causal / plain (L=4096) | is_causal | 0.500 | ≤ 0.6 | ✓ |", page)
         self.assertIn("| forward | 64 | 1.000 | 1.100 | 1.100 | ✓ | 1.0 | 1.0 |", page)
+        self.assertIn("single and ring calls alternate, median of 1 round after a", page)
         self.assertIn("| 4096 | huge pages | 1.000 | 8.0 | 10.0 | 0.80 | ✓ |", page)
         self.assertIn("| 16 | 110.00 | 100.00 | 1.100 | ✓ | 8.0 | 10.0 | 0.80 | ✓ |", page)
         self.assertIn("| 16 | 120.00 | 100.00 | 250.0 | 300.0 | 1.200 | ✗ |", page)
