@@ -47,11 +47,10 @@ std::optional<DiagonalBand> band_verdict(const flex::BlockMask& blocks, const ch
 }  // namespace
 
 std::optional<DiagonalBand> block_mask_band(const AttentionParams& p, Reasons& r) {
-  // Selection, the kernel and a backward over the same params ask about one BlockMask,
-  // which params hold immutable: the thread's last verdict is reused, as checking the lists
-  // takes a pass over every block (about a millisecond at L = 131072). Keyed by the
-  // BlockMask's owner, not its address: while the weak_ptr lives, no other BlockMask can
-  // have this owner.
+  // Selection and the kernel ask about one call's BlockMask, which params hold immutable:
+  // the thread's last verdict is reused, as checking the lists takes a pass over every
+  // block (about a millisecond at L = 131072). Keyed by the BlockMask's owner, not its
+  // address: while the weak_ptr lives, no other BlockMask can have this owner.
   struct Last {
     std::weak_ptr<const flex::BlockMask> blocks;
     std::optional<DiagonalBand> band;

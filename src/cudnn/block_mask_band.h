@@ -18,7 +18,7 @@ namespace sdpa::cudnn {
 /// bounds), or nothing, adding the reason: no mask_mod, a mask_mod that is not a band,
 /// block lists that do not follow it, or query rows the band leaves without keys (zeros
 /// by sdpa's rule, which cuDNN is not asked to give). The thread's last verdict is reused
-/// for the same BlockMask object (selection, the kernel and the backward of one call).
+/// for the same BlockMask object (selection and the kernel of one call).
 std::optional<DiagonalBand> block_mask_band(const AttentionParams& params, Reasons& reasons);
 
 /// where(band, score_mod, -inf) as one score_mod program (the band's bounds as index
