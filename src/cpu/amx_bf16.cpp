@@ -55,12 +55,23 @@ __attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
 
 // Where the tiles of one operand come from: k-step s of the full steps at
 // base + s * step_bytes, rows stride bytes apart; the partial last step (if any) from a
-// zero-padded copy at `tail` (rows kTileBytes apart).
+// zero-padded copy at `tail` (rows kTileBytes apart). With `groups`, the steps come in
+// runs of group_steps from separate buffers: step s at
+// groups[s / group_steps] + base_offset + (s % group_steps) * step_bytes.
 struct TileSource {
   const uint8_t* base;
   int64_t step_bytes;
   int64_t stride;
   const uint8_t* tail;
+  const uint16_t* const* groups = nullptr;
+  int64_t group_steps = 0;
+  int64_t base_offset = 0;
+
+  const uint8_t* step(int64_t s) const {
+    if (groups == nullptr) return base + s * step_bytes;
+    return reinterpret_cast<const uint8_t*>(groups[s / group_steps]) + base_offset +
+           s % group_steps * step_bytes;
+  }
 };
 
 // A 16 x 16 float32 block of C: in place (rows stride bytes apart), or through `staged`
@@ -161,9 +172,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_block(const TileSource* a_
   const bool tail = a_src[0].tail != nullptr;
   for (int64_t s = 0; s < full_steps + (tail ? 1 : 0); ++s) {
     const bool full = s < full_steps;
-    const auto at = [&](const TileSource& src) {
-      return full ? src.base + s * src.step_bytes : src.tail;
-    };
+    const auto at = [&](const TileSource& src) { return full ? src.step(s) : src.tail; };
     const auto stride = [&](const TileSource& src) { return full ? src.stride : kTileBytes; };
     _tile_loadd(4, at(a_src[0]), stride(a_src[0]));
     _tile_loadd(6, at(b_src[0]), stride(b_src[0]));
@@ -235,8 +244,13 @@ AmxTiles::~AmxTiles() {
   if (owner_) release_tiles();
 }
 
-void AmxBf16Gemm(const GemmDims& dims, const Bf16PairRows& a, const uint16_t* b, Matrix<float> c,
-                 GemmOutput output) {
+namespace {
+
+// AmxBf16Gemm's body; B in groups of group_pairs pairs (b_groups, depth a multiple of
+// group_pairs, itself of 16) or in one buffer (b).
+void amx_gemm(const GemmDims& dims, const Bf16PairRows& a, const uint16_t* b,
+              const uint16_t* const* b_groups, int64_t group_pairs, Matrix<float> c,
+              GemmOutput output) {
   const int64_t m = dims.m, n = dims.n, depth = dims.depth;
   if (m <= 0 || n <= 0) return;
   const bool accumulate = output == GemmOutput::kAccumulate;
@@ -259,7 +273,7 @@ void AmxBf16Gemm(const GemmDims& dims, const Bf16PairRows& a, const uint16_t* b,
   float* c_staged = reinterpret_cast<float*>(b_tail + col_tiles * kTileWords);
 
   const int64_t ldb_bytes = 4 * n;
-  if (tail_pairs > 0) {
+  if (tail_pairs > 0) {  // never with groups (whole steps only)
     const uint16_t* rows = b + full_steps * 16 * 2 * n;
     for (int64_t j = 0; j < col_tiles; ++j) {
       uint32_t* tile = b_tail + j * kTileWords;
@@ -270,6 +284,10 @@ void AmxBf16Gemm(const GemmDims& dims, const Bf16PairRows& a, const uint16_t* b,
     }
   }
   const auto b_source = [&](int64_t j) {
+    if (b_groups != nullptr) {
+      return TileSource{nullptr, 16 * ldb_bytes, ldb_bytes, nullptr, b_groups, group_pairs / 16,
+                        64 * j};
+    }
     return TileSource{
         reinterpret_cast<const uint8_t*>(b + 32 * j), 16 * ldb_bytes, ldb_bytes,
         tail_pairs > 0 ? reinterpret_cast<const uint8_t*>(b_tail + j * kTileWords) : nullptr};
@@ -324,6 +342,19 @@ void AmxBf16Gemm(const GemmDims& dims, const Bf16PairRows& a, const uint16_t* b,
       }
     }
   }
+}
+
+}  // namespace
+
+void AmxBf16Gemm(const GemmDims& dims, const Bf16PairRows& a, const uint16_t* b, Matrix<float> c,
+                 GemmOutput output) {
+  amx_gemm(dims, a, b, nullptr, 0, c, output);
+}
+
+void AmxBf16GemmGroups(const GemmDims& dims, const Bf16PairRows& a,
+                       const uint16_t* const* b_groups, int64_t group_pairs, Matrix<float> c,
+                       GemmOutput output) {
+  amx_gemm(dims, a, nullptr, b_groups, group_pairs, c, output);
 }
 
 }  // namespace sdpa::cpu

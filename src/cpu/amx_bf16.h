@@ -53,6 +53,14 @@ class AmxTiles {
 void AmxBf16Gemm(const GemmDims& dims, const Bf16PairRows& a, const uint16_t* b, Matrix<float> c,
                  GemmOutput output);
 
+/// AmxBf16Gemm with B in groups of `group_pairs` pairs (a multiple of 16) held in separate
+/// buffers: pairs [g * group_pairs, (g + 1) * group_pairs) of B are b_groups[g], each
+/// pair-packed [group_pairs][n][2]; dims.depth is a multiple of group_pairs. The flash
+/// forward's deferred P.v, whose value tiles are packed apart.
+void AmxBf16GemmGroups(const GemmDims& dims, const Bf16PairRows& a,
+                       const uint16_t* const* b_groups, int64_t group_pairs, Matrix<float> c,
+                       GemmOutput output);
+
 /// AmxBf16Gemm when `amx` (an active AmxTiles scope), else Bf16Gemm.
 __attribute__((target("avx512f,avx512bf16"))) inline void Bf16GemmOn(bool amx, const GemmDims& dims,
                                                                      const Bf16PairRows& a,

@@ -52,7 +52,8 @@ FlashScratch::FlashScratch(const AttentionParams& params, bool bf16_dot)
                            kBlockQ * 16,
                            kBlockQ * head_dim_vo_padded,
                            kBlockQ,
-                           kBlockQ};
+                           kBlockQ,
+                           bf16_dot ? kBlockQ * kPvGroup * kBlockKv / 2 : 0};
   int64_t floats = 0;
   for (int64_t s : sizes) floats += round_up(s, kMaxLanes);
   buffer_ = Tensor::empty({floats}, DType::kFloat32);
@@ -67,6 +68,7 @@ FlashScratch::FlashScratch(const AttentionParams& params, bool bf16_dot)
   row = slots[5];
   q_bf16 = reinterpret_cast<uint16_t*>(slots[6]);
   p_bf16 = reinterpret_cast<uint16_t*>(slots[7]);
+  p_group = reinterpret_cast<uint16_t*>(slots[12]);
   // Both levels share the running max and the factors of its updates.
   total = {slots[3], slots[4], slots[11], slots[2], head_dim_vo_padded, nullptr};
   partial = {total.m, slots[10], total.alpha, slots[9], head_dim_vo_padded, slots[8]};

@@ -36,6 +36,7 @@ struct TileRows {
   const RowSupport* support;   // float32 path: per row, the columns to compute
   bool needs_mask;             // TileNeedsMask
   bool p_in_bf16;              // P goes to ws.p_bf16 as the softmax computes it
+  float max_slack;             // RaiseRowMaxes' slack for that softmax (grouped P.v)
 };
 
 // Scores of tile t (q.k^T, biases, score_mod, masks), then the online softmax of
@@ -79,7 +80,7 @@ void ScoresAndSoftmax(const ForwardCall& call, const TileRows& tr, const PackedK
   }
   const ScoreRows scores{ws.scores, rows, score_scale};
   if constexpr (Target::kBf16Dot) {
-    if (tr.p_in_bf16) return Target::SoftmaxToBf16(scores, ws.partial, ws.p_bf16);
+    if (tr.p_in_bf16) return Target::SoftmaxToBf16(scores, ws.partial, ws.p_bf16, tr.max_slack);
   }
   if constexpr (Target::kFusedTiles) {
     if (!ws.bf16_dot) return Target::SoftmaxLazyF32(scores, ws.partial);
@@ -156,6 +157,26 @@ SDPA_INLINE bool BandTileInRegisters(const AttentionParams& p, const FlashScratc
   return std::all_of(set.blocks_applied, set.blocks_applied + rows, [](bool b) { return b; });
 }
 
+// P.v of the key tiles waiting in ws.p_group (kPvGroup), added to total.o as one GEMM.
+SDPA_INLINE void FlushGroupPv(FlashScratch& ws, int64_t rows) {
+  if (ws.pending_tiles == 0) return;
+  AmxBf16GemmGroups({rows, ws.head_dim_vo_padded, ws.pending_tiles * kBlockKv / 2},
+                    {ws.p_group, kPvGroup * kBlockKv}, ws.v_group, kBlockKv / 2,
+                    {ws.total.o, ws.head_dim_vo_padded}, GemmOutput::kAccumulate);
+  ws.pending_tiles = 0;
+}
+
+// Puts the key tile's P (ws.p_bf16) and value pairs into the waiting group, running the
+// group's P.v when it is full.
+SDPA_INLINE void GroupPv(FlashScratch& ws, int64_t rows, const uint16_t* v_pairs) {
+  uint16_t* slot = ws.p_group + ws.pending_tiles * kBlockKv;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(ws.p_bf16 + r * kBlockKv, kBlockKv, slot + r * kPvGroup * kBlockKv);
+  }
+  ws.v_group[ws.pending_tiles++] = v_pairs;
+  if (ws.pending_tiles == kPvGroup) FlushGroupPv(ws, rows);
+}
+
 // Starts a q-block: q packed (float32 times the scale, or bf16 bits unscaled), the state
 // reset, the rows' keys and the fused tiles' lanes.
 template <class Target>
@@ -195,6 +216,9 @@ SDPA_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fl
   const bool bf16 = Target::kBf16Dot && ws.bf16_dot;
   // P goes to bf16 as the softmax computes it, except where dropout needs float32 P.
   const bool p_in_bf16 = bf16 && !p.has_dropout();
+  // On AMX, P.v waits for kPvGroup key tiles, and the running max rises lazily.
+  const bool group_pv = p_in_bf16 && ws.amx.active();
+  ws.pending_tiles = 0;
   StartQBlock<Target>(call, q, ws, bf16);
   int64_t partial_tiles = 0;  // key tiles summed in ws.partial
   // float32: P.v goes to partial.o, whose rescale the product folds in; total.o's waits
@@ -285,11 +309,17 @@ SDPA_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fl
                                set.blocks_applied,
                                trimmed ? &support : nullptr,
                                needs_mask,
-                               p_in_bf16};
+                               p_in_bf16,
+                               group_pv ? kLazyMaxSlack : 0.0f};
       ScoresAndSoftmax<Target>(call, tile_rows, t, ws);
     }
     // The softmax rescaled partial.l itself.
     if (bf16) {
+      // The waiting P.v is relative to the max before this tile's.
+      if (group_pv && std::any_of(ws.total.alpha, ws.total.alpha + rows,
+                                  [](float a) { return a != 1.0f; })) {
+        FlushGroupPv(ws, rows);
+      }
       ApplyRescale(ws.total, rows, true);
     } else {
       DeferRescale(ws.total, rows, o_scale);
@@ -305,8 +335,12 @@ SDPA_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fl
       }
       // Straight into total.o: P's bf16 rounding (2^-9) dwarfs the accumulator's, and the
       // partial sums cost the bf16 forward 2%.
-      Bf16GemmOn(ws.amx.active(), {rows, ev_pad, kBlockKv / 2}, {ws.p_bf16, kBlockKv}, t.v_pairs,
-                 {ws.total.o, ev_pad}, GemmOutput::kAccumulate);
+      if (group_pv) {
+        GroupPv(ws, rows, t.v_pairs);
+      } else {
+        Bf16GemmOn(ws.amx.active(), {rows, ev_pad, kBlockKv / 2}, {ws.p_bf16, kBlockKv},
+                   t.v_pairs, {ws.total.o, ev_pad}, GemmOutput::kAccumulate);
+      }
     } else if (trimmed) {
       GemmAccumulateRowSupport({rows, ev_pad, cols}, {ws.scores, kBlockKv}, {t.v, t.v_ld},
                                {ws.partial.o, ev_pad}, support, ws.partial.alpha);
@@ -324,6 +358,7 @@ SDPA_INLINE void FlashQBlockWith(const ForwardCall& call, const QueryTile& q, Fl
   if constexpr (Target::kFusedTiles) {
     if (sums_in_lanes) Target::FoldLaneSums(ws.partial, rows);
   }
+  FlushGroupPv(ws, rows);
   AddPartial(ws.partial, ws.total, rows, flush_o_scale);
   FinishRows(ws.total, rows, RowView(call.out, q.b, q.h), q.q_begin,
              call.lse + query_row_index(p, q.b, q.h, q.q_begin));

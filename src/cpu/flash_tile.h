@@ -28,6 +28,17 @@ inline constexpr int64_t kMaxLanes = 16;
 /// tile, against torch's 6.4e-7 on the same inputs.
 inline constexpr int64_t kTilesPerPartialSum = 8;
 
+/// On AMX, P.v waits for up to this many key tiles and runs as one GEMM over their keys:
+/// each P.v loads and stores the output accumulator's tiles (32 KB at Ev = 128), and over
+/// a single key tile (two k-steps) those loads and stores, not the tile products, bound it
+/// (2.1 us against 1.0 us for q.k^T's as many products, on one Xeon core). The running
+/// max then rises only by more than kLazyMaxSlack (RaiseRowMaxes), so that a tile rarely
+/// needs the waiting P.v done before it rescales the output.
+inline constexpr int64_t kPvGroup = 4;
+/// ln 256: probabilities up to 256 while a row's max is kept (bf16 P keeps its relative
+/// precision at any magnitude).
+inline constexpr float kLazyMaxSlack = 5.5451774f;
+
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 /// Whether the flash forward of `params` takes the vdpbf16ps path.
@@ -66,6 +77,11 @@ struct FlashScratch {
   float* row;
   uint16_t* q_bf16;  ///< [kBlockQ, head_dim_qk_pairs2] bf16 bits, unscaled
   uint16_t* p_bf16;  ///< [kBlockQ, kBlockKv] bf16 bits of P
+  /// AMX: P of the key tiles whose P.v waits ([kBlockQ, kPvGroup * kBlockKv] bf16 bits),
+  /// their value pairs and how many there are.
+  uint16_t* p_group;
+  const uint16_t* v_group[kPvGroup];
+  int64_t pending_tiles = 0;
   /// row_columns() of the current q-block's rows.
   ColumnRange row_keys[kBlockQ];
   /// Flex program buffers and BlockMask lookup (inactive without flex).

@@ -76,9 +76,13 @@ struct RowSpans {
 /// The max step of SoftmaxTile for rows [r0, r0 + N), N = Lanes: the rows' scores within
 /// `spans` raise state.m; state.alpha gets the factors (RescaleFactors). Returns the new
 /// maxes. Reduces the N rows by one tree (ReduceLanesTree), not one reduction per row.
+/// With `slack` > 0 a row's m stays where the tile's scores exceed it by at most `slack`:
+/// its probabilities then reach e^slack instead of 1, and alpha stays 1, so that o needs
+/// no rescale (FlashAttention-4's conditional rescaling; the final o / l and lse are the
+/// same). A NaN max is taken as before.
 template <class D>
 SDPA_INLINE hn::Vec<D> RaiseRowMaxes(D d, const ScoreRows& tile, int64_t r0, RowSpans spans,
-                                     const SoftmaxRows& state) {
+                                     const SoftmaxRows& state, float slack = 0.0f) {
   using V = hn::Vec<D>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -95,8 +99,12 @@ SDPA_INLINE hn::Vec<D> RaiseRowMaxes(D d, const ScoreRows& tile, int64_t r0, Row
     }
   }
   const V old_max = hn::LoadU(d, state.m + r0);
-  const V new_max =
-      hn::Max(old_max, hn::Mul(ReduceLanesTree(d, v, MaxLanes()), hn::Set(d, tile.scale)));
+  V new_max = hn::Max(old_max, hn::Mul(ReduceLanesTree(d, v, MaxLanes()), hn::Set(d, tile.scale)));
+  if (slack > 0.0f) {
+    const auto raise = hn::Or(hn::Gt(new_max, hn::Add(old_max, hn::Set(d, slack))),
+                              hn::IsNaN(new_max));
+    new_max = hn::IfThenElse(raise, new_max, old_max);
+  }
   hn::StoreU(RescaleFactors(d, old_max, new_max), d, state.alpha + r0);
   hn::StoreU(new_max, d, state.m + r0);
   return new_max;

@@ -36,7 +36,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 template <bool kPrescaled>
 SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16Impl(const ScoreRows& tile,
                                                          const SoftmaxRows& state,
-                                                         uint16_t* HWY_RESTRICT p) {
+                                                         uint16_t* HWY_RESTRICT p, float slack) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   constexpr int64_t N = static_cast<int64_t>(hn::MaxLanes(d));
@@ -45,7 +45,7 @@ SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16Impl(const ScoreRows& tile,
   const V c = hn::Set(d, tile.scale * kLog2e);
   for (int64_t r0 = 0; r0 < tile.rows; r0 += N) {
     HWY_ALIGN float maxes[N];
-    hn::Store(RaiseRowMaxes(d, tile, r0, {nullptr, nullptr}, state), d, maxes);
+    hn::Store(RaiseRowMaxes(d, tile, r0, {nullptr, nullptr}, state, slack), d, maxes);
     V v[N];
     for (int64_t k = 0; k < N; ++k) {
       const int64_t r = r0 + k;
@@ -85,13 +85,14 @@ SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16Impl(const ScoreRows& tile,
 /// p instead of over the scores: row r of p (uint16_t bf16 bits, rows of kBlockKv) gets
 /// row r's probabilities rounded to nearest even. l adds them before rounding, as
 /// FlashAttention-2 does on GPUs. The scores are read only. Callers with dropout use
-/// SoftmaxTile: dropout draws on float32 P.
+/// SoftmaxTile: dropout draws on float32 P. `slack`: RaiseRowMaxes' (P up to e^slack).
 SDPA_SOFTMAX_BF16_ATTR inline void SoftmaxTileToBf16(const ScoreRows& tile,
                                                      const SoftmaxRows& state,
-                                                     uint16_t* HWY_RESTRICT p) {
+                                                     uint16_t* HWY_RESTRICT p,
+                                                     float slack = 0.0f) {
   const auto impl =
       tile.scale == 1.0f ? &SoftmaxTileToBf16Impl<true> : &SoftmaxTileToBf16Impl<false>;
-  impl(tile, state, p);
+  impl(tile, state, p, slack);
 }
 #undef SDPA_SOFTMAX_BF16_ATTR
 #endif

@@ -134,6 +134,41 @@ TEST(AmxBf16Gemm, MatchesFloat64AndVdpbf16psOnOddShapes) {
   EXPECT_EQ(checked, 7 * 4 * 6 * 3 * 2);
 }
 
+// B in groups of 32 pairs held apart (the flash forward's value tiles): the float64 bound of
+// the one-buffer product, bit for bit its result (the same k-steps in the same order), and
+// nothing written past C's columns; A rows as the forward's P group holds them.
+TEST(AmxBf16Gemm, GroupsOfBMatchOneBuffer) {
+  if (!amx_available()) GTEST_SKIP() << "no AMX-BF16 on this CPU / OS";
+  const AmxTiles tiles(true);
+  std::mt19937 rng(13);
+  for (int64_t m : {1, 17, 37, 64}) {
+    for (int64_t n : {16, 80, 128}) {
+      for (int64_t groups : {1, 2, 3, 4}) {
+        Problem p(m, n, 32 * groups, Layout::kRowMajor, rng);
+        // The groups apart, with a NaN gap after each.
+        std::vector<std::vector<uint16_t>> apart;
+        std::vector<const uint16_t*> bases;
+        const size_t words = static_cast<size_t>(64 * n);
+        for (int64_t g = 0; g < groups; ++g) {
+          apart.emplace_back(p.b.begin() + static_cast<std::ptrdiff_t>(g * words),
+                             p.b.begin() + static_cast<std::ptrdiff_t>((g + 1) * words));
+          apart.back().resize(words + 64, 0x7FC1);
+        }
+        for (const auto& group : apart) bases.push_back(group.data());
+        std::vector<float> one = p.c0, grouped = p.c0;
+        AmxBf16Gemm({m, n, p.depth}, p.a_view, p.b.data(), {one.data(), p.ldc},
+                    GemmOutput::kAccumulate);
+        AmxBf16GemmGroups({m, n, p.depth}, p.a_view, bases.data(), 32, {grouped.data(), p.ldc},
+                          GemmOutput::kAccumulate);
+        p.check(grouped, true, "AMX groups");
+        if (HasFatalFailure()) return;
+        ASSERT_EQ(std::memcmp(one.data(), grouped.data(), one.size() * sizeof(float)), 0)
+            << "m " << m << " n " << n << " groups " << groups;
+      }
+    }
+  }
+}
+
 TEST(AmxBf16Gemm, ZeroDepthOverwritesWithZerosAndAccumulatesNothing) {
   if (!amx_available()) GTEST_SKIP() << "no AMX-BF16 on this CPU / OS";
   const AmxTiles tiles(true);

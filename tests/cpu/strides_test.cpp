@@ -125,6 +125,32 @@ TEST(Magnitudes, LargeScaleNeedsTheRunningMax) {
   }
 }
 
+// Scores that rise along the keys by a float mask's ramp (as ALiBi's do toward the
+// diagonal): by 0.05 a key (3.2 a key tile, under the bf16 AMX path's lazy-max slack, so a
+// row keeps its max for several tiles and P reaches e^5.5) and by 0.2 a key (12.8 a tile:
+// every tile raises every row's max, and the waiting grouped P.v runs before each
+// rescale); S = 333 leaves a partial group of tiles and a partial tile; L = 70 a partial
+// q-block.
+TEST(Magnitudes, ScoresRisingAlongTheKeys) {
+  const int64_t L = 70, S = 333, E = 40;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (double ramp : {0.05, 0.2}) {
+      std::mt19937 rng(5);
+      const Tensor q = random_tensor({2, 3, L, E}, dtype, Layout::kBHSD, rng);
+      const Tensor k = random_tensor({2, 3, S, E}, dtype, Layout::kBHSD, rng);
+      const Tensor v = random_tensor({2, 3, S, E}, dtype, Layout::kBHSD, rng);
+      Tensor mask = Tensor::empty({L, S}, dtype);
+      std::vector<double> bias(static_cast<size_t>(L * S));
+      for (int64_t i = 0; i < L; ++i) {
+        for (int64_t j = 0; j < S; ++j) bias[static_cast<size_t>(i * S + j)] = ramp * j - i % 7;
+      }
+      fill_from_doubles(mask, bias);
+      const std::string what = std::string(dtype_name(dtype)) + " ramp " + std::to_string(ramp);
+      expect_math_and_flash_ran(check_inputs(finish(q, k, v, {}, mask), dtype, false, what), what);
+    }
+  }
+}
+
 // Several user threads calling at once (each call runs its own OpenMP region).
 TEST(Concurrency, SimultaneousCallsGiveTheSequentialResults) {
   Case c;
