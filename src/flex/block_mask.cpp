@@ -86,15 +86,18 @@ void fill_item(BlockMask& m, int64_t item, const std::vector<uint8_t>& status) {
   const int64_t rows = nq + nkv;
   const int threads = detail::ThreadingContext::current().threads_for(
       rows, {0, 16.0 * static_cast<double>(nq * nkv)});
+  // No grid without q or kv blocks: the other side's rows then get counts of 0 and read
+  // nothing (no offset into an empty grid).
+  const uint8_t* grid = status.empty() ? nullptr : status.data();
   detail::run_region(threads, [&] {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       if (r < nq) {
-        const uint8_t* row = status.data() + r * nkv;
+        const uint8_t* row = grid == nullptr ? nullptr : grid + r * nkv;
         fill_list_row(row, 1, nkv, kPartial, kv_partial, r);
         fill_list_row(row, 1, nkv, kFull, kv_full, r);
       } else {
-        const uint8_t* column = status.data() + (r - nq);
+        const uint8_t* column = grid == nullptr ? nullptr : grid + (r - nq);
         fill_list_row(column, nkv, nq, kPartial, q_partial, r - nq);
         fill_list_row(column, nkv, nq, kFull, q_full, r - nq);
       }

@@ -245,6 +245,13 @@ TEST(FlexErrors, CreateBlockMaskRejectsInvalidArguments) {
   const BlockMask empty_q = sdpa::flex::create_block_mask(m, 1, 1, 0, 8);
   EXPECT_EQ(empty_q.num_q_blocks(), 0);
   EXPECT_EQ(empty_q.num_kv_blocks(), 1);
+  // Several kv blocks and no q block: the q-side lists are rows of count 0.
+  const BlockMask no_rows = sdpa::flex::create_block_mask(m, 1, 1, 0, 300);
+  ASSERT_EQ(no_rows.num_kv_blocks(), 3);
+  for (int64_t kb = 0; kb < 3; ++kb) {
+    EXPECT_EQ(no_rows.q_num_blocks.item({0, 0, kb}), 0.0);
+    EXPECT_EQ(no_rows.full_q_num_blocks.item({0, 0, kb}), 0.0);
+  }
   const BlockMask empty_kv = sdpa::flex::create_block_mask(m, 2, 1, 8, 0);
   EXPECT_EQ(empty_kv.num_kv_blocks(), 0);
   EXPECT_EQ(empty_kv.kv_num_blocks.item({0, 0, 0}), 0.0);
